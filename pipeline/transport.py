@@ -1,0 +1,261 @@
+"""ZeroMQ plumbing shared by every process: endpoints, CurveZMQ security, and the clients of the buffer.
+
+Socket layout (the buffer binds both):
+- ROUTER `tcp://host:router_port`: requests and results. Clients are DEALERs with a stable identity; a request
+  (WorkRequest, BatchRequest, MetricsRequest) gets exactly one reply, results and heartbeats get none.
+- PUB `tcp://host:control_port`: the control channel (VersionUpdate, Abort, Shutdown) to every client's SUB.
+
+Security invariant: the buffer binds a non-loopback interface only with CurveZMQ keys, and then accepts only
+clients whose public key lies in `keys_dir/authorized/`. Nothing on the wire is unpickled (see protocol.py).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from pipeline import protocol
+
+log = logging.getLogger(__name__)
+
+SERVER_KEY = "server"
+CLIENT_KEY = "client"
+
+
+class SecurityError(ValueError):
+    """A bind or connect that would expose the pipeline without authentication."""
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def make_keys(keys_dir: str | os.PathLike) -> Path:
+    """Create a server key pair and one client key pair (authorized) under `keys_dir`."""
+    import zmq.auth
+
+    root = Path(keys_dir)
+    (root / "authorized").mkdir(parents=True, exist_ok=True)
+    zmq.auth.create_certificates(root, SERVER_KEY)
+    zmq.auth.create_certificates(root, CLIENT_KEY)
+    shutil.copy(root / f"{CLIENT_KEY}.key", root / "authorized" / f"{CLIENT_KEY}.key")
+    for secret in root.glob("*.key_secret"):
+        secret.chmod(0o600)
+    return root
+
+
+def _load_pair(keys_dir: Path, name: str) -> tuple[bytes, bytes]:
+    import zmq.auth
+
+    path = keys_dir / f"{name}.key_secret"
+    if not path.is_file():
+        raise SecurityError(f"missing CurveZMQ key {path}; create keys with `reinforce-ada keys --out {keys_dir}`")
+    public, secret = zmq.auth.load_certificate(path)
+    assert secret is not None
+    return public, secret
+
+
+def check_bind(host: str, keys_dir: str) -> None:
+    """Refuse a non-loopback bind without keys (the error says how to make them)."""
+    if not is_loopback(host) and not keys_dir:
+        raise SecurityError(
+            f"endpoints.host = {host!r} is not a loopback address, so the buffer would accept anyone on the "
+            "network. Create CurveZMQ keys with `reinforce-ada keys --out KEYS_DIR`, copy them to every machine, "
+            "and set endpoints.keys_dir = KEYS_DIR (or bind 127.0.0.1)."
+        )
+
+
+class ServerSecurity:
+    """Curve server side: applies keys to bound sockets and runs the ZAP authenticator (allow-list)."""
+
+    def __init__(self, ctx: zmq.Context, keys_dir: str) -> None:
+        self.enabled = bool(keys_dir)
+        self._auth = None
+        if not self.enabled:
+            return
+        from zmq.auth.thread import ThreadAuthenticator
+
+        root = Path(keys_dir)
+        self.public, self.secret = _load_pair(root, SERVER_KEY)
+        allowed = root / "authorized"
+        if not allowed.is_dir():
+            raise SecurityError(f"{allowed} is missing: it must hold the public keys of allowed clients")
+        self._auth = ThreadAuthenticator(ctx)
+        self._auth.start()
+        self._auth.configure_curve(domain="*", location=str(allowed))
+
+    def apply(self, sock: zmq.Socket) -> None:
+        if self.enabled:
+            sock.curve_secretkey = self.secret
+            sock.curve_publickey = self.public
+            sock.curve_server = True
+
+    def close(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+
+
+def apply_client_keys(sock: zmq.Socket, keys_dir: str) -> None:
+    if not keys_dir:
+        return
+    root = Path(keys_dir)
+    public, secret = _load_pair(root, CLIENT_KEY)
+    server_public = (root / f"{SERVER_KEY}.key")
+    if not server_public.is_file():
+        raise SecurityError(f"missing server public key {server_public}; copy it from the buffer's keys_dir")
+    import zmq.auth
+
+    sock.curve_secretkey = secret
+    sock.curve_publickey = public
+    sock.curve_serverkey = zmq.auth.load_certificate(server_public)[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_connect(spec: str, control_port: int | None = None) -> tuple[str, str]:
+    """`HOST:PORT` (control = PORT + 1 unless given) or `tcp://...` -> (router_url, control_url)."""
+    if spec.startswith("ipc://"):
+        return spec, spec + ".control"
+    if spec.startswith("tcp://"):
+        spec = spec[len("tcp://"):]
+    host, sep, port = spec.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--connect {spec!r}: expected HOST:PORT, e.g. 127.0.0.1:5555")
+    cport = control_port if control_port else int(port) + 1
+    return f"tcp://{host}:{port}", f"tcp://{host}:{cport}"
+
+
+def _setup_client(router: zmq.Socket, control: zmq.Socket, identity: str, keys_dir: str) -> None:
+    router.setsockopt(zmq.IDENTITY, identity.encode())
+    router.setsockopt(zmq.LINGER, 2000)
+    router.setsockopt(zmq.RECONNECT_IVL, 100)
+    router.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+    # a restarted buffer must not receive a flood of requests queued while it was down
+    router.setsockopt(zmq.SNDHWM, 10_000)
+    control.setsockopt(zmq.LINGER, 0)
+    control.setsockopt(zmq.SUBSCRIBE, b"")
+    apply_client_keys(router, keys_dir)
+    apply_client_keys(control, keys_dir)
+
+
+class BufferClient:
+    """Blocking client of the buffer (the learner, scripts and tests)."""
+
+    def __init__(self, router_url: str, control_url: str, identity: str, keys_dir: str = "") -> None:
+        self.identity = identity
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.control = self.ctx.socket(zmq.SUB)
+        _setup_client(self.sock, self.control, identity, keys_dir)
+        self.sock.connect(router_url)
+        self.control.connect(control_url)
+        self._enc = protocol.Encoder()
+        self._dec = protocol.Decoder(protocol.ToLearner | protocol.ToProducer)
+        self._ctl = protocol.Decoder(protocol.Control)
+
+    def send(self, msg: Any) -> None:
+        self.sock.send_multipart(self._enc.encode(msg), copy=False)
+
+    def recv(self, timeout_s: float) -> Any | None:
+        """The next reply, or None after `timeout_s`. Malformed replies are logged and skipped."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sock.poll(int(left * 1000) + 1):
+                return None
+            frames = self.sock.recv_multipart(copy=False)
+            try:
+                return self._dec.decode(frames)
+            except protocol.ProtocolError as exc:
+                log.warning("dropping a malformed reply from the buffer: %s", exc)
+
+    def request(self, msg: Any, reply_type: type, timeout_s: float) -> Any | None:
+        """Send `msg` and wait for a reply of `reply_type` (replies of other types, e.g. late ones, are skipped)."""
+        self.send(msg)
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            reply = self.recv(left)
+            if isinstance(reply, reply_type):
+                return reply
+            if reply is not None:
+                log.warning("skipping an unexpected %s while waiting for %s", type(reply).__name__,
+                            reply_type.__name__)
+        return None
+
+    def poll_control(self, timeout_s: float = 0.0) -> list[Any]:
+        """All control messages available now (waiting up to `timeout_s` for the first)."""
+        out = []
+        wait = int(timeout_s * 1000)
+        while self.control.poll(wait):
+            frames = self.control.recv_multipart(copy=False)
+            try:
+                out.append(self._ctl.decode(frames))
+            except protocol.ProtocolError as exc:
+                log.warning("dropping a malformed control message: %s", exc)
+            wait = 0
+        return out
+
+    def close(self) -> None:
+        self.sock.close(linger=500)
+        self.control.close(linger=0)
+        self.ctx.term()
+
+
+class AsyncBufferClient:
+    """asyncio client of the buffer (the producers, which share their loop with vLLM's AsyncLLM)."""
+
+    def __init__(self, router_url: str, control_url: str, identity: str, keys_dir: str = "") -> None:
+        self.identity = identity
+        self.ctx = zmq.asyncio.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.control = self.ctx.socket(zmq.SUB)
+        _setup_client(self.sock, self.control, identity, keys_dir)
+        self.sock.connect(router_url)
+        self.control.connect(control_url)
+        self._enc = protocol.Encoder()
+        self._dec = protocol.Decoder(protocol.ToProducer)
+        self._ctl = protocol.Decoder(protocol.Control)
+
+    async def send(self, msg: Any) -> None:
+        await self.sock.send_multipart(self._enc.encode(msg), copy=False)
+
+    async def recv(self) -> Any:
+        """The next well-formed reply (malformed ones are logged and skipped)."""
+        while True:
+            frames = await self.sock.recv_multipart(copy=False)
+            try:
+                return self._dec.decode(frames)
+            except protocol.ProtocolError as exc:
+                log.warning("dropping a malformed reply from the buffer: %s", exc)
+
+    async def recv_control(self) -> Any:
+        while True:
+            frames = await self.control.recv_multipart(copy=False)
+            try:
+                return self._ctl.decode(frames)
+            except protocol.ProtocolError as exc:
+                log.warning("dropping a malformed control message: %s", exc)
+
+    def close(self) -> None:
+        self.sock.close(linger=1000)
+        self.control.close(linger=0)
+        self.ctx.term()
