@@ -1,9 +1,9 @@
 """Rewards: 1.0 or 0.0 from math-verify, with a time limit per sample, inline or in worker processes.
 
-Invariants: `math_reward` never raises and never runs past its time limit by more than the time Python
-needs to notice a signal; `RewardPool` resolves every submitted sample exactly once (a score, 0.0 for a
-worker that hung or died; cancelled, or a RuntimeError if already running, when the pool closes first)
-and keeps its worker count while open.
+Invariants: `math_reward` never raises, and returns within its time limit unless it is stuck in C code
+that never returns to Python (then only a pool worker can be stopped: it is killed). `RewardPool`
+resolves every submitted sample exactly once (a score; 0.0 for a worker that hung or died; cancelled, or
+a RuntimeError if already running, when the pool closes first) and keeps its worker count while open.
 
 Why the care: math-verify bounds its own work with `signal.alarm`, which only works in the main thread and
 only in whole seconds. We switch its timers off and arm one `setitimer` deadline around the whole call
@@ -19,6 +19,7 @@ import collections
 import functools
 import multiprocessing as mp
 import multiprocessing.connection as mpc
+import os
 import signal
 import threading
 import time
@@ -87,10 +88,15 @@ def math_reward(completion: str, answer: str, timeout_s: float = 5.0) -> float:
     SIGALRM timer in the main thread; called from another thread it runs in a worker process instead.
     Errors and timeouts give 0.0.
     """
-    if not isinstance(completion, str) or not isinstance(answer, str) or timeout_s <= 0:
+    if not (isinstance(completion, str) and isinstance(answer, str) and isinstance(timeout_s, (int, float))):
+        return 0.0
+    if not timeout_s > 0:  # also NaN
         return 0.0
     if threading.current_thread() is not threading.main_thread():
-        return _fallback_pool().submit(completion, answer, timeout_s).result()
+        try:
+            return _fallback_pool().submit(completion, answer, timeout_s).result()
+        except Exception:  # noqa: BLE001 -- pool closed at exit, or broken: a reward never raises
+            return 0.0
     try:
         _silence_math_verify_timeout_warning()
     except Exception:  # noqa: BLE001 -- math-verify missing or broken: nothing can be verified
@@ -141,13 +147,22 @@ def _worker_main(conn, score_fn: ScoreFn) -> None:
             task = conn.recv()
         except (EOFError, OSError):  # the parent is gone
             return
-        if task is None:
-            return
+        if task is None:  # skip interpreter teardown: nothing to flush, and unloading sympy takes ~1 s
+            conn.close()
+            os._exit(0)
         try:
             score = float(score_fn(*task))
         except BaseException:  # noqa: BLE001 -- a sample that fails scores 0.0; the worker lives on
             score = 0.0
         conn.send(score)
+
+
+def _check_lengths(completions: list[str], answers: list[str]) -> None:
+    if len(completions) != len(answers):
+        raise ValueError(
+            f"got {len(completions)} completions but {len(answers)} answers; pass one gold answer "
+            "per completion"
+        )
 
 
 class _Worker:
@@ -236,19 +251,23 @@ class RewardPool:
 
     def score(self, completions: list[str], answers: list[str]) -> list[float]:
         """Scores of each completion against the answer at the same index, in order."""
-        if len(completions) != len(answers):
-            raise ValueError(
-                f"got {len(completions)} completions but {len(answers)} answers; pass one "
-                "gold answer per completion"
-            )
+        _check_lengths(completions, answers)
         return [f.result() for f in [self.submit(c, a) for c, a in zip(completions, answers)]]
 
     async def ascore(self, completions: list[str], answers: list[str]) -> list[float]:
         """`score` for asyncio callers: awaits the futures without blocking the event loop."""
-        if len(completions) != len(answers):
-            raise ValueError(f"got {len(completions)} completions but {len(answers)} answers")
+        _check_lengths(completions, answers)
         futs = [asyncio.wrap_future(self.submit(c, a)) for c, a in zip(completions, answers)]
         return list(await asyncio.gather(*futs))
+
+    def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> bool:
+        """Block until every worker has imported math-verify (True), or `timeout_s` passed (False)."""
+        end = time.monotonic() + timeout_s
+        while self.num_workers and not all(w.ready for w in self._workers):
+            if time.monotonic() > end or self._broken or self._closed:
+                return False
+            time.sleep(0.02)
+        return True
 
     def worker_pids(self) -> list[int]:
         """Process ids of the current workers (for monitoring and tests)."""
@@ -262,6 +281,8 @@ class RewardPool:
         if self.num_workers:
             self._wake_w.send_bytes(b"x")
             self._thread.join()
+            self._wake_r.close()
+            self._wake_w.close()
 
     def __enter__(self) -> Self:
         return self
@@ -282,13 +303,20 @@ class RewardPool:
     def _replace(self, i: int) -> None:
         """Kill worker i (its sample, if any, scores 0.0) and start a new one in its place."""
         w = self._workers[i]
-        if w.future is not None:
-            w.future.set_result(0.0)
         w.kill()
-        self.num_replaced += 1
         self._workers[i] = _Worker(self._ctx, self._fn)
+        self.num_replaced += 1
+        if w.future is not None:  # resolved last, so whoever waits on it sees the new worker
+            w.future.set_result(0.0)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # noqa: BLE001 -- a bug here must fail the futures, not hang them
+            self._broken = f"RewardPool dispatcher failed: {e!r}"
+        self._shutdown()
+
+    def _loop(self) -> None:
         startup_failures = 0
         while not self._closed and not self._broken:
             for w in self._workers:  # hand tasks to idle workers
@@ -299,6 +327,9 @@ class RewardPool:
                         w.conn.send(task)
                     except OSError:
                         pass  # it died: found below, its sample scores 0.0
+                    except Exception:  # noqa: BLE001 -- unpicklable: nothing was sent, it scores 0.0
+                        w.future.set_result(0.0)
+                        w.future = None
             now = time.monotonic()
             limits = [
                 w.deadline if w.future else w.started + STARTUP_TIMEOUT_S
@@ -343,7 +374,6 @@ class RewardPool:
                     f"RewardPool: {startup_failures} workers in a row died while starting; "
                     "check that math-verify imports in a fresh Python (python -c 'import math_verify')"
                 )
-        self._shutdown()
 
     def _shutdown(self) -> None:
         with self._lock:
@@ -357,6 +387,9 @@ class RewardPool:
         for w in self._workers:
             if w.future is not None:
                 w.future.set_exception(RuntimeError(reason))
+            if not w.ready:  # still importing: nothing to wait for
+                w.proc.kill()
+                continue
             try:
                 w.conn.send(None)  # a polite stop; kill() below if it does not exit
             except OSError:
