@@ -35,15 +35,18 @@ class ModelConfig(_Section):
 
 
 class DataConfig(_Section):
-    train_files: list[str] = msgspec.field(default_factory=lambda: ["arithmetic"])  # JSONL/Parquet files; "arithmetic" = the built-in generated task
-    eval_files: list[str] = msgspec.field(default_factory=lambda: ["arithmetic"])  # held-out sets for accuracy during training
+    # JSONL/Parquet files; "arithmetic" = the built-in generated task
+    train_files: list[str] = msgspec.field(default_factory=lambda: ["arithmetic"])
+    # held-out sets for accuracy during training
+    eval_files: list[str] = msgspec.field(default_factory=lambda: ["arithmetic"])
     problem_key: str = ""  # column of the problem ("" = auto: problem, question)
     answer_key: str = ""  # column of the answer ("" = auto: answer, final_answer, else \boxed{} of solution)
     template: str = "auto"  # "auto" (chat template if any, else plain), "plain", "raw", or "...{problem}..."
     shuffle: bool = True  # shuffle the training prompts once, with the run seed
     num_arithmetic_train: int = 4000  # problems drawn for the built-in task
     num_arithmetic_eval: int = 200
-    arithmetic_levels: list[int] = msgspec.field(default_factory=lambda: [1, 2, 3])  # operand digits drawn for the built-in task
+    # operand digits drawn for the built-in task
+    arithmetic_levels: list[int] = msgspec.field(default_factory=lambda: [1, 2, 3])
     max_prompts: int = 0  # use only the first N training prompts (0 = all)
 
     def __post_init__(self) -> None:

@@ -72,11 +72,21 @@ class RoundAssignment(_Msg):
     lease_s: float  # the buffer re-issues the round if no result arrives within this many seconds
 
 
+class WeightAnnouncement(_Msg):
+    """Where version `version` of the weights lies: a safetensors file path (same machine) or a tcp:// URL."""
+
+    version: int
+    uri: str
+    num_bytes: int
+
+
 class Assignments(_Msg):
     """Buffer -> producer: the reply to a WorkRequest (possibly empty: nothing to do right now)."""
 
     rounds: list[RoundAssignment]
     learner_version: int
+    # set when the producer's weights are older than the latest published ones: load these first
+    weights: WeightAnnouncement | None = None
 
 
 class Sample(_Msg):
@@ -164,19 +174,11 @@ class Batch(_Msg):
     metrics: dict[str, float]
 
 
-class WeightAnnouncement(_Msg):
-    """Where version `version` of the weights lies: a safetensors file path (same machine) or a tcp:// URL."""
-
-    version: int
-    uri: str
-    num_bytes: int
-
-
 class VersionUpdate(_Msg):
     """Learner -> buffer (and buffer -> everyone on the control channel): the learner now holds `version`."""
 
     version: int
-    weights: Union[WeightAnnouncement, None] = None
+    weights: WeightAnnouncement | None = None
 
 
 # ---------------------------------------------------------------- control and misc

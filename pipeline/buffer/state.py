@@ -1,0 +1,152 @@
+"""Per-prompt state of the rollout buffer: the pool of samples a prompt has collected and its round bookkeeping.
+
+A `PromptState` lives from the prompt's admission until its group is handed to the learner (or it is dropped).
+Its pool holds samples in generation order; `num_pos` / `num_neg` / `rounds_completed` are caches of the pool.
+
+Invariants (checked by `PromptState.check`):
+- num_pos + num_neg == len(pool), and num_pos counts the pool's positives;
+- rounds_completed == the number of distinct rounds that still have a sample in the pool, so evicting stale
+  samples refunds a round only when it lost all of them (a prompt never runs out of rounds because its
+  samples went stale);
+- at most one round is in flight (`in_flight`), and it is the only round whose result may be accepted.
+
+Structs here are msgspec Structs so a scheduler snapshot is one msgpack encode; numpy arrays go through
+`enc_hook` / `dec_hook` as [dtype, shape, bytes].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from pipeline.buffer.logic import is_positive
+from pipeline.protocol import Group, Sample
+
+
+def _empty_ids() -> np.ndarray:
+    return np.zeros(0, dtype=np.int32)
+
+
+class PoolSample(msgspec.Struct, gc=False):
+    """One accepted sample in a prompt's pool."""
+
+    token_ids: np.ndarray  # int32 [T]
+    logprobs: np.ndarray  # float32 [T] behaviour log-probs
+    reward: float
+    version: int  # policy version that generated it (the oldest one, if weights changed mid-sample)
+    round_index: int  # which accepted round of this prompt it came from (0, 1, ...; never reused)
+    finish_reason: str
+    positive: bool  # is_positive(reward, threshold), fixed at acceptance
+
+    def to_sample(self) -> Sample:
+        return Sample(self.token_ids, self.logprobs, self.reward, self.version, self.finish_reason)
+
+
+class InFlight(msgspec.Struct, gc=False):
+    """The one round of a prompt that is out at a producer."""
+
+    round_id: int
+    producer_id: str
+    issued_version: int  # learner version when the round was issued
+    deadline: float  # lease end: re-issued after this time
+
+
+class PromptState(msgspec.Struct):
+    """Everything the buffer knows about one admitted prompt (one admission = one prompt_id)."""
+
+    prompt_id: int
+    example_index: int  # index into the training prompts (the same example gets a new prompt_id each epoch)
+    prompt: str
+    answer: str
+    admitted_at: float
+    admitted_order: int  # admission sequence number: older prompts get their next round first
+    prompt_token_ids: np.ndarray = msgspec.field(default_factory=_empty_ids)  # from the first accepted result
+    pool: list[PoolSample] = []
+    num_pos: int = 0
+    num_neg: int = 0
+    rounds_issued: int = 0  # every issue, re-issues included
+    rounds_completed: int = 0  # accepted rounds that still have a sample in the pool
+    rounds_accepted: int = 0  # accepted rounds ever (the next round_index)
+    accepted_round_ids: list[int] = []  # to tell a duplicate result from a late one while the prompt lives
+    in_flight: InFlight | None = None
+
+    def add_round(self, round_id: int, samples: Sequence[Sample], threshold: float) -> None:
+        """Record accepted round `round_id` and append its samples (already filtered for staleness) to the pool."""
+        index = self.rounds_accepted
+        self.rounds_accepted += 1
+        self.accepted_round_ids.append(round_id)
+        for s in samples:
+            positive = is_positive(s.reward, threshold)
+            self.pool.append(
+                PoolSample(s.token_ids, s.logprobs, float(s.reward), int(s.version), index, s.finish_reason, positive)
+            )
+            self.num_pos += positive
+            self.num_neg += not positive
+        if samples:
+            self.rounds_completed += 1
+
+    def evict_older_than(self, min_version: int, whole_rounds: bool = False) -> int:
+        """Remove samples with version < min_version; returns how many were removed.
+
+        `whole_rounds` also removes the other samples of any round that lost one: GRPO ("fixed") needs its group
+        to be exactly one complete round, so a partly stale round is regenerated rather than patched.
+        """
+        stale = {i for i, s in enumerate(self.pool) if s.version < min_version}
+        if not stale:
+            return 0
+        if whole_rounds:
+            rounds = {self.pool[i].round_index for i in stale}
+            stale = {i for i, s in enumerate(self.pool) if s.round_index in rounds}
+        self.pool = [s for i, s in enumerate(self.pool) if i not in stale]
+        self.num_pos = sum(s.positive for s in self.pool)
+        self.num_neg = len(self.pool) - self.num_pos
+        self.rounds_completed = len({s.round_index for s in self.pool})
+        return len(stale)
+
+    def rewards(self) -> list[float]:
+        return [s.reward for s in self.pool]
+
+    def versions(self) -> list[int]:
+        return [s.version for s in self.pool]
+
+    def build_group(self, kept: Sequence[int], advantages: Sequence[float], resolved: bool) -> Group:
+        """The protocol Group of the kept pool indices (in pool order) with their advantages."""
+        return Group(
+            prompt_id=self.prompt_id,
+            prompt_token_ids=self.prompt_token_ids,
+            samples=[self.pool[i].to_sample() for i in kept],
+            advantages=[float(a) for a in advantages],
+            pool_size=len(self.pool),
+            num_rounds=self.rounds_completed,
+            resolved=resolved,
+            answer=self.answer,
+        )
+
+    def check(self) -> None:
+        """Assert the invariants in the module docstring (tests call this after every event)."""
+        assert self.num_pos == sum(s.positive for s in self.pool), (self.prompt_id, self.num_pos)
+        assert self.num_pos + self.num_neg == len(self.pool), (self.prompt_id, self.num_neg)
+        assert self.rounds_completed == len({s.round_index for s in self.pool}), (self.prompt_id, "rounds")
+        assert self.rounds_completed <= self.rounds_accepted <= self.rounds_issued, (self.prompt_id, "counters")
+        assert len(self.accepted_round_ids) == self.rounds_accepted, (self.prompt_id, "accepted ids")
+
+
+# ---------------------------------------------------------------- snapshot codec
+
+
+def enc_hook(obj: Any) -> Any:
+    """msgspec enc_hook: a numpy array as [dtype, shape, bytes] (never pickled)."""
+    if isinstance(obj, np.ndarray):
+        return [obj.dtype.str, list(obj.shape), np.ascontiguousarray(obj).tobytes()]
+    raise TypeError(f"cannot snapshot objects of type {type(obj).__name__}")
+
+
+def dec_hook(typ: type, obj: Any) -> Any:
+    """msgspec dec_hook: the inverse of `enc_hook`."""
+    if typ is np.ndarray and isinstance(obj, list) and len(obj) == 3:
+        dtype, shape, data = obj
+        return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
+    raise TypeError(f"cannot restore {typ} from {type(obj).__name__}")
