@@ -18,6 +18,7 @@ from typing import Any, Union
 
 import msgspec
 import numpy as np
+import zmq
 
 # dtypes allowed on the wire; anything else is a protocol error (and never an `object` array)
 _WIRE_DTYPES = {
@@ -296,38 +297,48 @@ class Decoder:
         return msg
 
     def _dec_hook(self, typ: type, obj: Any) -> Any:
+        # hot path (one call per array): plain type checks, no generators
         if typ is not np.ndarray:
             raise ProtocolError(f"unexpected type {typ}")
-        if not (isinstance(obj, list) and len(obj) == 3):
+        if type(obj) is not list or len(obj) != 3:
             raise ProtocolError("an array must be encoded as [dtype, shape, frame]")
         name, shape, index = obj
-        dtype = _WIRE_DTYPES.get(name) if isinstance(name, str) else None
+        dtype = _WIRE_DTYPES.get(name) if type(name) is str else None
         if dtype is None:
             raise ProtocolError(f"array dtype {name!r} is not allowed on the wire")
-        if (
-            not isinstance(shape, list)
-            or len(shape) > MAX_ARRAY_DIMS
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-        ):
-            raise ProtocolError(f"array shape {shape!r} is not a list of non-negative ints")
-        if not isinstance(index, int) or isinstance(index, bool) or not 1 <= index < len(self._frames):
-            raise ProtocolError(f"array refers to frame {index!r} but the message has {len(self._frames)} frames")
-        if index in self._used:
+        if type(shape) is not list or len(shape) > MAX_ARRAY_DIMS:
+            raise ProtocolError(f"array shape {shape!r} is not a list of at most {MAX_ARRAY_DIMS} ints")
+        count = 1
+        for dim in shape:
+            if type(dim) is not int or dim < 0:
+                raise ProtocolError(f"array shape {shape!r} is not a list of non-negative ints")
+            count *= dim
+        frames = self._frames
+        if type(index) is not int or not 1 <= index < len(frames):
+            raise ProtocolError(f"array refers to frame {index!r} but the message has {len(frames)} frames")
+        used = self._used
+        if index in used:
             raise ProtocolError(f"frame {index} is referenced by two arrays")
-        self._used.add(index)
-        buf = _buffer(self._frames[index])
-        expected = math.prod(shape) * dtype.itemsize
+        used.add(index)
+        buf = _buffer(frames[index])
+        expected = count * dtype.itemsize
         if len(buf) != expected:
             raise ProtocolError(
                 f"frame {index} holds {len(buf)} bytes but a {name} array of shape {tuple(shape)} needs {expected}"
             )
-        return np.frombuffer(buf, dtype=dtype).reshape(shape)
+        arr = np.frombuffer(buf, dtype=dtype)
+        return arr if len(shape) == 1 else arr.reshape(shape)
 
 
 def _buffer(frame: Any) -> memoryview | bytes:
+    cls = type(frame)
+    if cls is bytes:
+        return frame
+    if cls is zmq.Frame:
+        return frame.buffer
     if isinstance(frame, (bytes, bytearray, memoryview)):
         return memoryview(frame).cast("B") if isinstance(frame, memoryview) else frame
-    buf = getattr(frame, "buffer", None)  # zmq.Frame
+    buf = getattr(frame, "buffer", None)
     if buf is not None:
         return buf
     raise ProtocolError(f"a frame must be bytes-like, got {type(frame).__name__}")

@@ -31,18 +31,35 @@ def _empty_ids() -> np.ndarray:
 
 
 class PoolSample(msgspec.Struct, gc=False):
-    """One accepted sample in a prompt's pool."""
+    """One accepted sample in a prompt's pool. It keeps the decoded wire Sample itself (validated once, its arrays
+    still views on the received frames), so handing it to the learner copies nothing."""
 
-    token_ids: np.ndarray  # int32 [T]
-    logprobs: np.ndarray  # float32 [T] behaviour log-probs
-    reward: float
-    version: int  # policy version that generated it (the oldest one, if weights changed mid-sample)
+    sample: Sample
     round_index: int  # which accepted round of this prompt it came from (0, 1, ...; never reused)
-    finish_reason: str
     positive: bool  # is_positive(reward, threshold), fixed at acceptance
 
+    @property
+    def token_ids(self) -> np.ndarray:  # int32 [T]
+        return self.sample.token_ids
+
+    @property
+    def logprobs(self) -> np.ndarray:  # float32 [T] behaviour log-probs
+        return self.sample.logprobs
+
+    @property
+    def reward(self) -> float:
+        return self.sample.reward
+
+    @property
+    def version(self) -> int:  # policy version that generated it (the oldest one, if weights changed mid-sample)
+        return self.sample.version
+
+    @property
+    def finish_reason(self) -> str:
+        return self.sample.finish_reason
+
     def to_sample(self) -> Sample:
-        return Sample(self.token_ids, self.logprobs, self.reward, self.version, self.finish_reason)
+        return self.sample
 
 
 class InFlight(msgspec.Struct, gc=False):
@@ -80,9 +97,7 @@ class PromptState(msgspec.Struct):
         self.accepted_round_ids.append(round_id)
         for s in samples:
             positive = is_positive(s.reward, threshold)
-            self.pool.append(
-                PoolSample(s.token_ids, s.logprobs, float(s.reward), int(s.version), index, s.finish_reason, positive)
-            )
+            self.pool.append(PoolSample(s, index, positive))
             self.num_pos += positive
             self.num_neg += not positive
         if samples:

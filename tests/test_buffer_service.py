@@ -1,0 +1,104 @@
+"""A real buffer process serves scripted producer processes and a scripted learner process over ZeroMQ."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipeline import protocol as P
+from pipeline.transport import BufferClient, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _buffer_cmd(router, control, run_dir, *extra):
+    return [sys.executable, "-m", "pipeline.cli", "buffer", "--model", "unused",
+            "--endpoints.router_port", str(router), "--endpoints.control_port", str(control),
+            "--run.dir", str(run_dir), "--data.template", "{problem}=", "--learner.batch_prompts", "8",
+            "--learner.mini_batches", "1", "--learner.eval_every", "0", "--buffer.heartbeat_timeout_s", "3",
+            *extra]
+
+
+def _scripted(role, router, control, *extra):
+    return [sys.executable, "-m", "bench.scripted", role, "--connect", f"127.0.0.1:{router}",
+            "--control-port", str(control), *extra]
+
+
+@pytest.fixture
+def ports():
+    return free_port(), free_port()
+
+
+def _wait_ready(router, control, timeout=30):
+    client = BufferClient(f"tcp://127.0.0.1:{router}", f"tcp://127.0.0.1:{control}", "probe")
+    try:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if client.request(P.MetricsRequest("probe"), P.MetricsSnapshot, 1.0) is not None:
+                return
+        raise AssertionError("buffer did not come up")
+    finally:
+        client.close()
+
+
+def test_buffer_serves_scripted_producers_and_learner(tmp_path, ports):
+    router, control = ports
+    buf = subprocess.Popen(_buffer_cmd(router, control, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    procs = []
+    try:
+        _wait_ready(router, control)
+        procs = [subprocess.Popen(_scripted("producer", router, control, "--id", f"p{i}", "--round-seconds", "0.02"))
+                 for i in range(2)]
+        out = tmp_path / "summary.json"
+        learner = subprocess.run(_scripted("learner", router, control, "--steps", "6", "--batch", "8",
+                                           "--out", str(out)), timeout=120)
+        assert learner.returncode == 0
+        summary = json.loads(out.read_text())
+        assert summary["steps"] == 6 and summary["versions"] == [1, 2, 3, 4, 5, 6]
+        assert summary["groups"] == 48
+        assert summary["bad_group_size"] == 0
+        assert summary["max_staleness_seen"] <= 1
+        assert summary["resolved_groups"] > 0 and summary["resolved_mixed"] == summary["resolved_groups"]
+        assert len(set(summary["prompt_ids"])) == 48  # no prompt trained twice
+        m = summary["buffer"]
+        assert m["released"] >= 48 and m["samples_received"] > 48 * 4
+        assert m["admitted"] == m["released"] - m["reopened"] + m["dropped_unresolved"] + \
+            m["dropped_zero_variance"] + m["active"]
+        assert buf.wait(timeout=20) == 0  # the learner's Shutdown stops the buffer
+    finally:
+        for p in procs + [buf]:
+            p.kill()
+            p.wait()
+
+
+def test_malformed_messages_are_counted_and_dropped(tmp_path, ports):
+    import zmq
+
+    router, control = ports
+    buf = subprocess.Popen(_buffer_cmd(router, control, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _wait_ready(router, control)
+        ctx = zmq.Context()
+        evil = ctx.socket(zmq.DEALER)
+        evil.setsockopt(zmq.IDENTITY, b"evil")
+        evil.connect(f"tcp://127.0.0.1:{router}")
+        bad = [[b"garbage"], [b"\x93\xa7Unknown\x01\x02"], [P.encode(P.Shutdown("x"))[0][:3]],
+               P.encode(P.WorkRequest("evil", 1, 0)) + [b"extra"]]
+        for frames in bad:
+            evil.send_multipart(frames)
+        client = BufferClient(f"tcp://127.0.0.1:{router}", f"tcp://127.0.0.1:{control}", "probe")
+        time.sleep(0.5)
+        snap = client.request(P.MetricsRequest("probe"), P.MetricsSnapshot, 5.0)
+        assert snap.metrics["buffer/malformed"] == 4
+        assert snap.metrics["malformed_by_sender"] == {"evil": 4}
+        assert buf.poll() is None  # still serving
+        client.send(P.Shutdown("test over"))
+        assert buf.wait(timeout=20) == 0
+        client.close()
+        evil.close(0)
+        ctx.term()
+    finally:
+        buf.kill()
+        buf.wait()
