@@ -35,7 +35,7 @@ def pass_rate(prompt: str, seed: int = 0) -> float:
 
 
 def run_producer(connect: str, producer_id: str, round_seconds: float = 0.0, max_rounds: int = 16,
-                 tokens: int = 16, seed: int = 0, control_port: int | None = None) -> dict:
+                 tokens: int = 16, seed: int = 0, control_port: int | None = None, vocab: int = 32) -> dict:
     """Serve rounds until the buffer shuts down (or SIGTERM). Returns counters."""
     router_url, control_url = parse_connect(connect, control_port)
     client = BufferClient(router_url, control_url, producer_id)
@@ -77,10 +77,10 @@ def run_producer(connect: str, producer_id: str, round_seconds: float = 0.0, max
                 p = pass_rate(rnd.prompt, seed)
                 samples = []
                 for _ in range(rnd.num_samples):
-                    ids = rng.integers(0, 64, size=tokens, dtype=np.int32)
+                    ids = rng.integers(0, vocab, size=tokens, dtype=np.int32)
                     lp = -rng.random(tokens, dtype=np.float32)
                     samples.append(P.Sample(ids, lp, float(rng.random() < p), version, "stop"))
-                prompt_ids = np.frombuffer(rnd.prompt.encode()[:64], dtype=np.uint8).astype(np.int32)
+                prompt_ids = rng.integers(0, vocab, size=min(len(rnd.prompt), 32) or 1, dtype=np.int32)
                 client.send(P.RoundResult(producer_id, rnd.round_id, rnd.prompt_id, prompt_ids, samples,
                                           round_seconds))
                 counts["rounds"] += 1
@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round-seconds", type=float, default=0.0)
     parser.add_argument("--max-rounds", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=32, help="token ids are drawn from [0, vocab)")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--train-seconds", type=float, default=0.0)
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.role == "producer":
         result = run_producer(args.connect, args.id, args.round_seconds, args.max_rounds, args.tokens,
-                              control_port=args.control_port)
+                              control_port=args.control_port, vocab=args.vocab)
     else:
         result = run_learner(args.connect, args.steps, args.batch, args.train_seconds,
                              group_size=args.group_size, control_port=args.control_port)

@@ -399,3 +399,24 @@ def test_take_batch_queues_the_rounds_its_version_bump_aborts():
     (a,) = s.request_work("p", 1, 0.0)
     assert s.take_batch(1, 1) is None
     assert s.pop_aborts() == [a.round_id] and s.pop_aborts() == []
+
+
+def test_rounds_lost_to_staleness_are_refunded_but_capped():
+    """A hard prompt whose samples keep going stale gets its rounds back, but not more than
+    MAX_ROUNDS_FACTOR x max_rounds accepted rounds in all: then it is settled (dropped here, all negative)."""
+    from pipeline.buffer.scheduler import MAX_ROUNDS_FACTOR
+
+    s = make(batch=1, max_staleness=0, round_size=4, max_rounds=2)
+    version = 0
+    for i in range(MAX_ROUNDS_FACTOR * 2):
+        (a,) = s.request_work("p", 1, 0.0)
+        out = submit(s, a, [0, 0, 0, 0], version=version)
+        assert out.accepted
+        if i < MAX_ROUNDS_FACTOR * 2 - 1:
+            assert s.metrics()["active"] == 1
+            version += 1
+            s.set_learner_version(version, 0.0)  # the pool goes stale: the round is refunded
+    m = s.metrics()
+    assert m["dropped_unresolved"] == 1 and m["rounds_to_exit"] == {}
+    assert m["samples_received"] == 4 * MAX_ROUNDS_FACTOR * 2
+    s.check_invariants()

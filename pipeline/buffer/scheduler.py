@@ -61,6 +61,7 @@ from pipeline.config import BufferConfig, SamplingConfig
 from pipeline.protocol import Group, RoundAssignment, Sample
 
 SNAPSHOT_FORMAT = 1
+MAX_ROUNDS_FACTOR = 2  # hard cap: a prompt is settled after this many times max_rounds accepted rounds
 _COUNTERS = (
     "admitted", "released", "released_partial", "dropped_unresolved", "dropped_zero_variance", "stale_evictions",
     "reopened", "rounds_issued", "rounds_reissued", "rounds_expired", "rounds_aborted", "results_rejected",
@@ -335,8 +336,18 @@ class Scheduler:
         n = self.sampling.group_size
         if len(st.pool) >= n and logic.exit_reached(st.num_pos, st.num_neg, self.sampling.exit_rule, n):
             return self._release(st, resolved=True)
-        if st.rounds_completed >= self.sampling.max_rounds and len(st.pool) >= n:
+        limit = self.sampling.max_rounds
+        # Refunded rounds (samples evicted as stale) do not count toward max_rounds, so a hard prompt is not given
+        # up on because the learner moved on; but every accepted round is evidence, and past MAX_ROUNDS_FACTOR x
+        # max_rounds of it the prompt is settled with what its pool holds (a hard cap on its cost).
+        capped = st.rounds_accepted >= MAX_ROUNDS_FACTOR * limit
+        if (st.rounds_completed >= limit or capped) and len(st.pool) >= n:
             return self._release(st, resolved=False)
+        if capped:  # not even n fresh samples left: drop it (counted as unresolved)
+            del self._active[st.prompt_id]
+            self._counts["dropped_unresolved"] += 1
+            self._accepted_rounds.difference_update(st.accepted_round_ids)
+            return None, True
         self._queue(st)
         return None, False
 
@@ -361,7 +372,8 @@ class Scheduler:
         self._counts["released"] += 1
         self._counts["released_partial"] += not resolved
         self._counts["pool_samples_released"] += len(rewards)
-        self._rounds_to_exit[group.num_rounds] = self._rounds_to_exit.get(group.num_rounds, 0) + 1
+        # all accepted rounds, stale ones included: the cost of the prompt, not what its group was built from
+        self._rounds_to_exit[st.rounds_accepted] = self._rounds_to_exit.get(st.rounds_accepted, 0) + 1
         return group, False
 
     # ------------------------------------------------------------ observation
@@ -397,7 +409,10 @@ class Scheduler:
             "results_rejected": c["results_rejected"],
             "results_ignored": dict(self._ignored),
             "samples_received": c["samples_received"],
-            "samples_per_released_group": c["pool_samples_released"] / c["released"] if c["released"] else 0.0,
+            # every sample received (evicted ones and those of dropped prompts too) per group released: the cost
+            "samples_per_released_group": c["samples_received"] / c["released"] if c["released"] else 0.0,
+            # the pool a group was built from (its advantage statistics), on average
+            "pool_size_mean": c["pool_samples_released"] / c["released"] if c["released"] else 0.0,
             "rounds_to_exit": dict(sorted(self._rounds_to_exit.items())),
             "positive_rate": c["positives_received"] / c["samples_received"] if c["samples_received"] else 0.0,
             "learner_version": self._learner_version,
