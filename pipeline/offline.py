@@ -1,0 +1,40 @@
+"""Offline sampling with vLLM's `LLM` for evaluation and prompt selection: k samples per prompt, scored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.config import Config
+
+
+def make_llm(cfg: Config, model_dir: str) -> Any:
+    """A vLLM `LLM` built with the same engine arguments as a producer's engine."""
+    from vllm import LLM
+    from vllm.platforms import current_platform
+
+    from pipeline.producer.engine import configure_cpu_env, engine_kwargs
+
+    if current_platform.is_cpu():
+        configure_cpu_env(cfg.producers.engine)
+    kwargs = engine_kwargs(model_dir, cfg.model.dtype, cfg.producers.engine, cfg.run.seed)
+    kwargs.pop("worker_extension_cls", None)  # no weight reloads offline
+    return LLM(**kwargs)
+
+
+def sample_and_score(llm: Any, prompts: list[str], answers: list[str], k: int, temperature: float, top_p: float,
+                     max_new_tokens: int, seed: int, reward_workers: int, reward_timeout_s: float) -> list[list[float]]:
+    """For each prompt, the 0/1 rewards of its `k` samples at `temperature` (math-verify against its answer)."""
+    from vllm import SamplingParams
+
+    from pipeline.rewards import RewardPool
+
+    params = SamplingParams(n=k, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    texts, golds = [], []
+    for out, answer in zip(outputs, answers):
+        for comp in out.outputs:
+            texts.append(comp.text)
+            golds.append(answer)
+    with RewardPool(reward_workers, reward_timeout_s) as pool:
+        flat = pool.score(texts, golds)
+    return [flat[i * k:(i + 1) * k] for i in range(len(prompts))]

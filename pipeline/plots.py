@@ -1,0 +1,92 @@
+"""`reinforce-ada plot RUN [RUN ...]`: PNG plots of one run, or several overlaid.
+
+Reads `RUN/metrics.jsonl` (one row per learner step) and `RUN/eval.jsonl` (one row per held-out evaluation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# (file name, title, y label, [(metrics key, legend suffix)], source)
+PANELS = [
+    ("reward.png", "training reward (mean over the trained groups)", "reward", [("reward_mean", "")], "steps"),
+    ("accuracy.png", "held-out accuracy (Ave@k, T = 1.0)", "accuracy", [("accuracy", "")], "eval"),
+    ("samples_per_group.png", "samples generated per released group", "samples",
+     [("buffer/samples_per_released_group", "")], "steps"),
+    ("staleness.png", "staleness of trained samples (learner version - sample version)", "versions",
+     [("staleness_mean", " mean"), ("staleness_max", " max")], "steps"),
+    ("utilisation.png", "utilisation", "busy fraction",
+     [("producers/busy", " producers"), ("learner_busy", " learner")], "steps"),
+]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut short by a crash
+    return rows
+
+
+def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
+    """Draw every panel for the runs (overlaid when several) into `out_dir`; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = {Path(r): (read_jsonl(Path(r) / "metrics.jsonl"), read_jsonl(Path(r) / "eval.jsonl")) for r in run_dirs}
+    written = []
+    for fname, title, ylabel, series, source in PANELS:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        drawn = False
+        for run, (steps, evals) in data.items():
+            rows = steps if source == "steps" else evals
+            xkey = "step" if source == "steps" else "version"
+            for key, suffix in series:
+                pts = [(r[xkey], r[key]) for r in rows if key in r and xkey in r]
+                if pts:
+                    xs, ys = zip(*pts)
+                    ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, ms=3, label=f"{run.name}{suffix}")
+                    drawn = True
+        ax.set_title(title)
+        ax.set_xlabel("learner step (= weight version)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
+        fig.tight_layout()
+        path = out_dir / fname
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="reinforce-ada plot", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="run directories (several: overlaid)")
+    parser.add_argument("--out", help="output directory (default: RUN/plots, or runs/compare for several)")
+    args = parser.parse_args(argv)
+    runs = [Path(r) for r in args.runs]
+    for r in runs:
+        if not (r / "metrics.jsonl").is_file() and not (r / "eval.jsonl").is_file():
+            print(f"plot: {r} holds no metrics.jsonl or eval.jsonl (is it a run directory?)", file=sys.stderr)
+            return 2
+    out = Path(args.out) if args.out else (runs[0] / "plots" if len(runs) == 1 else runs[0].parent / "compare")
+    for path in plot_runs(runs, out):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

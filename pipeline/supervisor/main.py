@@ -1,0 +1,223 @@
+"""`reinforce-ada train`: start the buffer, the producers and the learner from one config, watch them, show the
+run, and stop everything cleanly.
+
+Policy: a producer that dies is restarted (its rounds are re-issued by the buffer once its heartbeats stop); the
+learner finishing (exit 0) ends the run; the learner or the buffer failing is fatal, reported with the name of
+the process and the last lines of its log. Ctrl-C stops everything. No child outlives the supervisor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from pipeline.config import Config, ConfigError, dumps_toml, load_config
+
+MAX_PRODUCER_RESTARTS = 5
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+def _python() -> list[str]:
+    return [sys.executable, "-m", "pipeline.cli"]
+
+
+def plan_children(cfg: Config, cfg_path: Path, model_dir: str, log_dir: Path, router_port: int,
+                  control_port: int) -> list:
+    """The buffer, producers and learner of a run as Child objects (not started)."""
+    from pipeline.supervisor.procs import Child
+
+    host = cfg.endpoints.host
+    connect = f"{host}:{router_port}"
+    ports = ["--endpoints.router_port", str(router_port), "--endpoints.control_port", str(control_port)]
+    children = [Child("buffer", "buffer", _python() + ["buffer", "--config", str(cfg_path), "--model", model_dir]
+                      + ports, log_dir)]
+    for i in range(cfg.producers.count):
+        env = {"CUDA_VISIBLE_DEVICES": cfg.producers.devices[i]} if cfg.producers.devices else {}
+        children.append(Child(f"producer-{i}", "producer",
+                              _python() + ["producer", "--connect", connect, "--config", str(cfg_path),
+                                           "--id", f"producer-{i}", "--model", model_dir] + ports, log_dir, env))
+    learner_args = ["--config", str(cfg_path), "--connect", connect, "--model", model_dir] + ports
+    if cfg.learner.num_ranks > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={cfg.learner.num_ranks}", "-m", "pipeline.consumer.main"] + learner_args
+    else:
+        cmd = _python() + ["learner"] + learner_args
+    children.append(Child("learner", "learner", cmd, log_dir))
+    return children
+
+
+def _wait_for_buffer(router_url: str, control_url: str, buffer, timeout_s: float = 60.0) -> None:
+    from pipeline import protocol as P
+    from pipeline.transport import BufferClient
+
+    client = BufferClient(router_url, control_url, "supervisor-probe")
+    try:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if buffer.poll() is not None:
+                raise RunFailed(f"the buffer exited with code {buffer.poll()} while starting:\n{buffer.tail()}")
+            if client.request(P.MetricsRequest("supervisor"), P.MetricsSnapshot, 1.0) is not None:
+                return
+        raise RunFailed(f"the buffer did not answer within {timeout_s:.0f} s:\n{buffer.tail()}")
+    finally:
+        client.close()
+
+
+def run(cfg: Config, overrides: list[str], config_path: str | None) -> int:
+    from pipeline import protocol as P
+    from pipeline.models import resolve_model_path
+    from pipeline.supervisor.live import JsonlTail, RunState, render
+    from pipeline.supervisor.procs import stop_all, write_commands
+    from pipeline.transport import BufferClient, free_port
+
+    run_dir = cfg.run_dir
+    log_dir = run_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    if cfg.model.path == "tiny":
+        print("preparing the tiny model (built once into .cache/tiny-model, about a minute)...", flush=True)
+    model_dir = resolve_model_path(cfg)
+    cfg_path = run_dir / "config.toml"
+    cfg_path.write_text(dumps_toml(cfg))
+    router_port = cfg.endpoints.router_port or free_port()
+    control_port = cfg.endpoints.control_port or free_port()
+    children = plan_children(cfg, cfg_path, model_dir, log_dir, router_port, control_port)
+    write_commands(run_dir / "commands.sh", children, os.getcwd())
+    by_name = {c.name: c for c in children}
+    buffer, learner = by_name["buffer"], by_name["learner"]
+    producers = [c for c in children if c.role == "producer"]
+    host = cfg.endpoints.host
+    router_url, control_url = f"tcp://{host}:{router_port}", f"tcp://{host}:{control_port}"
+
+    state = RunState(cfg.run.name, cfg.learner.num_steps)
+    steps_tail, eval_tail = JsonlTail(run_dir / "metrics.jsonl"), JsonlTail(run_dir / "eval.jsonl")
+    steps_tail.read(), eval_tail.read()  # a resumed run shows only what this run adds
+    tty = sys.stdout.isatty() and cfg.run.live
+    stopping = {"reason": ""}
+
+    def on_signal(signum, frame):
+        stopping["reason"] = "interrupted (Ctrl-C)" if signum == signal.SIGINT else "terminated"
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    client = None
+    live = None
+    exit_code = 0
+    try:
+        buffer.start()
+        _wait_for_buffer(router_url, control_url, buffer)
+        for child in producers + [learner]:
+            child.start()
+        print(f"run {cfg.run.name}: {len(producers)} producer(s), learner x{cfg.learner.num_ranks}; logs in {log_dir}",
+              flush=True)
+        client = BufferClient(router_url, control_url, "supervisor")
+        if tty:
+            from rich.live import Live
+
+            live = Live(render(state), refresh_per_second=2, transient=False)
+            live.start()
+        last_poll = 0.0
+        while True:
+            if stopping["reason"]:
+                raise RunFailed(stopping["reason"])
+            code = learner.poll()
+            if code == 0:
+                break
+            if code is not None:
+                raise RunFailed(f"the learner exited with code {code}; last lines of {learner.log_path}:\n"
+                                f"{learner.tail()}")
+            if buffer.poll() is not None:
+                raise RunFailed(f"the buffer exited with code {buffer.poll()}; last lines of {buffer.log_path}:\n"
+                                f"{buffer.tail()}")
+            for prod in producers:
+                code = prod.poll()
+                if code is None:
+                    continue
+                if prod.restarts >= MAX_PRODUCER_RESTARTS:
+                    raise RunFailed(f"{prod.name} died {prod.restarts + 1} times (last exit code {code}); last lines"
+                                    f" of {prod.log_path}:\n{prod.tail()}")
+                prod.restarts += 1
+                state.message = f"restarted {prod.name} (exit code {code})"
+                if not tty:
+                    print(f"{prod.name} exited with code {code}; restarting it ({prod.restarts})", flush=True)
+                prod.start()
+            now = time.monotonic()
+            if now - last_poll >= 1.0:
+                last_poll = now
+                snap = client.request(P.MetricsRequest("supervisor"), P.MetricsSnapshot, 0.5)
+                if snap is not None:
+                    state.buffer = snap.metrics
+            for row in steps_tail.read():
+                state.steps.append(row)
+                if not tty:
+                    print(state.step_line(row), flush=True)
+            for row in eval_tail.read():
+                state.evals.append(row)
+                if not tty:
+                    print(f"eval | version {row['version']} | Ave@{row['k']} {row['accuracy']:.3f} over "
+                          f"{row['problems']} problems", flush=True)
+            state.children = [(p.name, "running" if p.poll() is None else "down", str(p.restarts))
+                              for p in producers]
+            if live is not None:
+                live.update(render(state))
+            time.sleep(0.2)
+        # the learner finished: the buffer runs the final evaluation, then shuts down on the learner's request
+        end = time.monotonic() + cfg.buffer.lease_s + 30
+        while buffer.poll() is None and time.monotonic() < end and not stopping["reason"]:
+            time.sleep(0.2)
+    except RunFailed as exc:
+        print(f"\nrun stopped: {exc}", file=sys.stderr, flush=True)
+        exit_code = 130 if "interrupted" in str(exc) else 1
+    finally:
+        if live is not None:
+            live.stop()
+        if client is not None:
+            client.close()
+        stop_all(children)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    state.steps += steps_tail.read()
+    state.evals += eval_tail.read()
+    _summary(cfg, state, run_dir, time.monotonic() - t0)
+    return exit_code
+
+
+def _summary(cfg: Config, state, run_dir: Path, wall_s: float) -> None:
+    if state.evals:
+        first, last = state.evals[0], state.evals[-1]
+        print(f"held-out Ave@{first['k']}: {first['accuracy']:.3f} at version {first['version']} -> "
+              f"{last['accuracy']:.3f} at version {last['version']}")
+    print(f"{len(state.steps)} learner steps in {wall_s / 60:.1f} min; run directory {run_dir}")
+    try:
+        from pipeline.plots import plot_runs
+
+        paths = plot_runs([run_dir], run_dir / "plots")
+        print(f"plots: {', '.join(str(p) for p in paths)}")
+    except Exception as exc:  # noqa: BLE001 - plotting must never turn a finished run into a failure
+        print(f"could not draw plots: {exc}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="reinforce-ada train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", help="TOML config (default: configs/tiny.toml's settings, the CPU run)")
+    args, overrides = parser.parse_known_args(argv)
+    config_path = args.config
+    if config_path is None:
+        default = Path(__file__).resolve().parents[2] / "configs" / "tiny.toml"
+        config_path = str(default) if default.is_file() else None
+    try:
+        cfg = load_config(config_path, overrides)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    return run(cfg, overrides, config_path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

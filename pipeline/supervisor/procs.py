@@ -1,0 +1,117 @@
+"""Child processes of a run: each in its own process group, with its own log file and recorded command.
+
+Invariants: a child is watched by its pid (Popen.poll), killed by process group (never by name), and every
+child the supervisor started is dead when `stop_all` returns. Children also get SIGTERM if the supervisor
+itself dies (PR_SET_PDEATHSIG), so a killed supervisor leaves no orphan engines behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: the supervisor's own cleanup still kills the group
+        pass
+
+
+class Child:
+    """One supervised process."""
+
+    def __init__(self, name: str, role: str, cmd: list[str], log_dir: Path, env: dict[str, str] | None = None):
+        self.name = name
+        self.role = role
+        self.cmd = cmd
+        self.env = env or {}
+        self.log_path = log_dir / f"{name}.log"
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+        self.started_at = 0.0
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def command_line(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return (env + " " if env else "") + shlex.join(self.cmd)
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        env.update(self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        log = open(self.log_path, "ab")
+        log.write(f"\n==== {time.strftime('%H:%M:%S')} start: {self.command_line()}\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, preexec_fn=_die_with_parent)
+        log.close()
+        self.started_at = time.monotonic()
+
+    def poll(self) -> int | None:
+        """None while running, else the exit code (negative: killed by that signal)."""
+        return None if self.proc is None else self.proc.poll()
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM the group, wait up to `grace_s`, then SIGKILL it. Returns the exit code."""
+        if self.proc is None:
+            return None
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        # kill the whole group even when the leader exited: its engine processes may linger
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            return self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, os.path.getsize(self.log_path) - 64_000))
+                return "\n".join(deque(f.read().decode(errors="replace").splitlines(), maxlen=lines))
+        except OSError:
+            return "(no log)"
+
+
+def stop_all(children: list[Child], grace_s: float = 10.0) -> None:
+    """Stop every child: SIGTERM all first (so they shut down in parallel), then wait and SIGKILL stragglers."""
+    for child in children:
+        child.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        child.stop(max(0.1, deadline - time.monotonic()))
+
+
+def write_commands(path: Path, children: list[Child], cwd: str) -> None:
+    """Record each child's exact command so any stage can be rerun alone."""
+    lines = ["#!/usr/bin/env bash", "# The exact command of each process of this run; rerun any one alone.",
+             f"cd {shlex.quote(cwd)}"]
+    for child in children:
+        lines += ["", f"# {child.name} ({child.role}); log: {child.log_path}", child.command_line()]
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o755)

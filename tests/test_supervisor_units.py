@@ -1,0 +1,107 @@
+"""Supervisor parts without models: process groups die whole, logs and commands are recorded, the live view
+and the plots render."""
+
+import json
+import os
+import sys
+import time
+
+from pipeline.plots import plot_runs
+from pipeline.supervisor.live import JsonlTail, RunState, render, sparkline
+from pipeline.supervisor.procs import Child, stop_all, write_commands
+
+# a child that starts a grandchild and ignores SIGTERM in the grandchild, like an engine process might
+SPAWNER = """
+import os, signal, subprocess, sys, time
+gc = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+print("GC" + "PID", gc.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+def test_child_stop_kills_the_whole_group_and_logs(tmp_path):
+    child = Child("spawner", "producer", [sys.executable, "-c", SPAWNER], tmp_path)
+    child.start()
+    deadline = time.monotonic() + 20
+    while "GCPID" not in child.tail() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    gpid = int(child.tail().split("GCPID")[1].split()[0])
+    assert _alive(gpid) and child.poll() is None
+    t0 = time.monotonic()
+    stop_all([child], grace_s=1.0)
+    assert time.monotonic() - t0 < 10
+    assert child.poll() is not None
+    time.sleep(0.2)
+    assert not _alive(gpid), "the grandchild (ignoring SIGTERM) must be SIGKILLed with the group"
+    assert "start:" in child.log_path.read_text()
+
+
+def test_exit_code_and_restart(tmp_path):
+    child = Child("crasher", "producer", [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], tmp_path)
+    child.start()
+    child.proc.wait(10)
+    assert child.poll() == 3 and "boom" in child.tail()
+    child.start()
+    child.proc.wait(10)
+    assert child.log_path.read_text().count("start:") == 2
+
+
+def test_commands_are_recorded(tmp_path):
+    a = Child("buffer", "buffer", ["python", "-m", "pipeline.cli", "buffer", "--config", "x y.toml"], tmp_path)
+    b = Child("producer-0", "producer", ["python", "-m", "pipeline.cli", "producer"], tmp_path,
+              {"CUDA_VISIBLE_DEVICES": "1"})
+    write_commands(tmp_path / "commands.sh", [a, b], "/repo")
+    text = (tmp_path / "commands.sh").read_text()
+    assert "'x y.toml'" in text and "CUDA_VISIBLE_DEVICES=1 python -m pipeline.cli producer" in text
+    assert os.access(tmp_path / "commands.sh", os.X_OK)
+
+
+def test_sparkline_and_tail(tmp_path):
+    assert sparkline([0, 0.5, 1], lo=0, hi=1) == "▁▅█"
+    assert sparkline([]) == ""
+    path = tmp_path / "m.jsonl"
+    tail = JsonlTail(path)
+    assert tail.read() == []
+    path.write_text('{"step": 1}\n{"step": 2')
+    assert tail.read() == [{"step": 1}]
+    with open(path, "a") as f:
+        f.write('}\n')
+    assert tail.read() == [{"step": 2}]
+
+
+def test_live_view_renders(tmp_path):
+    from rich.console import Console
+
+    state = RunState("tiny", 10)
+    state.steps = [{"step": 1, "reward_mean": 0.3, "loss": 0.1, "step_seconds": 1.0}]
+    state.evals = [{"version": 0, "accuracy": 0.25, "k": 4, "problems": 10}]
+    state.buffer = {"active": 3, "released": 5, "samples_per_released_group": 9.5, "rounds_to_exit": {1: 2, 2: 3},
+                    "producers": {"producer-0": {"tokens_per_s": 1200.0, "busy": 0.9, "version": 1}}}
+    state.children = [("producer-0", "running", "0")]
+    console = Console(record=True, width=120)
+    console.print(render(state))
+    text = console.export_text()
+    assert "producer-0" in text and "1200" in text and "0.250" in text
+    assert "step 1 | reward 0.300" in state.step_line(state.steps[0])
+
+
+def test_plots_single_and_overlay(tmp_path):
+    for name, acc in (("a", 0.2), ("b", 0.3)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps(
+            {"step": i, "reward_mean": 0.1 * i, "staleness_mean": 0.5, "staleness_max": 1,
+             "buffer/samples_per_released_group": 9.0, "producers/busy": 0.8, "learner_busy": 0.5})
+            for i in range(1, 5)) + "\n")
+        (run / "eval.jsonl").write_text(json.dumps({"version": 0, "accuracy": acc}) + "\n")
+    files = plot_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "out")
+    assert len(files) == 5 and all(f.stat().st_size > 5000 for f in files)
