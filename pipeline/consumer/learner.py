@@ -1,0 +1,179 @@
+"""The learner: one `train_step` per batch of groups, several optimizer steps per batch, versioned weights.
+
+Version semantics: the learner holds version v (0 = the initial weights). It trains on a batch whose samples
+satisfy version >= v - max_staleness, after which it holds v + 1 and publishes those weights.
+
+Per train_step:
+1. split the groups into learner.mini_batches contiguous runs (one optimizer step each);
+2. plan each mini-batch: this rank's share of sequences in micro-batches of <= micro_batch_tokens tokens;
+3. decoupled PPO only: recompute the proximal log-probs of every micro-batch with the current weights;
+4. per mini-batch: forward/backward every micro-batch with loss * world_size (ranks average gradients, the
+   loss is a token-mean over the global mini-batch), then clip and step.
+Every rank runs the same code on the same groups (rank 0 broadcasts them); metrics are reduced over ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.consumer import batching, checkpoint
+from pipeline.consumer import loss as loss_mod
+
+if TYPE_CHECKING:
+    from pipeline.config import Config
+    from pipeline.protocol import Group
+
+log = logging.getLogger(__name__)
+
+
+class Learner:
+    """Policy, optimizer and version counter of the consumer (one per rank)."""
+
+    def __init__(self, cfg: Config, attn_implementation: str = "sdpa") -> None:
+        import torch
+
+        from pipeline.consumer.backends import make_backend
+        from pipeline.consumer.model import load_model, make_policy_module
+
+        self.cfg = cfg
+        lc = cfg.learner
+        if lc.tis_cap and not lc.decoupled:
+            log.warning("learner.tis_cap has no effect without learner.decoupled: the behaviour weight is 1")
+        torch.manual_seed(cfg.run.seed)
+        # float32 master weights for the torch backend; DeepSpeed casts to bf16/fp16 itself on GPUs
+        model = load_model(cfg.model.path, "float32", attn_implementation, lc.gradient_checkpointing)
+        self.policy = make_policy_module(model, cfg.sampling.temperature)
+        self.backend = make_backend(cfg, self.policy)
+        self.rank, self.world_size, self.device = self.backend.rank, self.backend.world_size, self.backend.device
+        self.version = 0
+        self.optimizer_steps = 0
+        self.publish_dtype = getattr(torch, cfg.model.dtype)
+
+    # ------------------------------------------------------------------ training
+
+    def _to_device(self, mb: batching.MicroBatch) -> batching.MicroBatch:
+        d = self.device
+        if d.type == "cpu":
+            return mb
+        return batching.MicroBatch(
+            mb.input_ids_BT.to(d, non_blocking=True), mb.position_ids_BT.to(d, non_blocking=True),
+            mb.mask_BT.to(d, non_blocking=True), mb.old_logp_BT.to(d, non_blocking=True),
+            mb.adv_B.to(d, non_blocking=True), mb.version_B, mb.num_tokens, mb.prox_logp_BT)
+
+    def _proximal(self, plans: list[tuple[list[batching.MicroBatch], int]]) -> None:
+        """Decoupled PPO: log-probs of the current weights, before any update of this step (no grad)."""
+        import torch
+
+        with torch.no_grad():
+            for micro, _ in plans:
+                for i, mb in enumerate(micro):
+                    logp, _ = self.backend.forward(self._to_device(mb), with_entropy=False)
+                    micro[i].prox_logp_BT = logp.detach()
+
+    def train_step(self, groups: list[Group]) -> dict[str, Any]:
+        """Train on one batch (all its mini-batches), advance the version, return the step's metrics."""
+        if not groups:
+            raise ValueError("train_step needs at least one group (an empty Batch means: wait for more)")
+        lc = self.cfg.learner
+        t0 = time.perf_counter()
+        data_stats = batching.batch_stats(groups, self.version)
+        oldest_ok = self.version - self.cfg.buffer.max_staleness
+        too_old = sum(s.version < oldest_ok for g in groups for s in g.samples)
+        if too_old:  # the buffer should never send these; train anyway, the ratio corrects, but say so
+            log.warning("%d sample(s) are staler than buffer.max_staleness=%d at version %d", too_old,
+                        self.cfg.buffer.max_staleness, self.version)
+        data_stats["staleness_violations"] = too_old
+        minis = batching.split_minibatches(groups, lc.mini_batches)
+        plans = [batching.plan_minibatch(m, self.rank, self.world_size, lc.micro_batch_tokens) for m in minis]
+        if lc.decoupled:
+            self._proximal(plans)
+        self.policy.train()
+        totals, losses, grad_norms, lrs = None, [], [], []
+        want_entropy_grad = lc.entropy_coef > 0
+        for micro, num_tokens in plans:
+            acc = None
+            for i, mb in enumerate(micro):
+                mb = self._to_device(mb)
+                with self.backend.accumulate(last=i == len(micro) - 1):
+                    logp_BT, ent_BT = self.backend.forward(mb, with_entropy=True, entropy_grad=want_entropy_grad)
+                    loss, stats = loss_mod.ppo_loss(
+                        logp_BT, mb.old_logp_BT, mb.adv_B, mb.mask_BT, lc.clip_low, lc.clip_high, lc.dual_clip,
+                        lc.tis_cap, entropy_BT=ent_BT, entropy_coef=lc.entropy_coef,
+                        num_tokens=max(num_tokens, 1), prox_logp_BT=mb.prox_logp_BT)
+                    self.backend.backward(loss * self.world_size)
+                acc = loss_mod.add_stats(acc, stats)
+            lrs.append(self.backend.lr)
+            grad_norms.append(self.backend.step())
+            self.optimizer_steps += 1
+            acc = self._reduce(acc)
+            mini = loss_mod.finalize_stats(acc)
+            losses.append(mini["pg_loss"] - lc.entropy_coef * mini["entropy"])
+            totals = loss_mod.add_stats(totals, acc)
+        self.version += 1
+        seconds = time.perf_counter() - t0
+        out = {"step": self.version, "version": self.version, "optimizer_steps": self.optimizer_steps,
+               "loss": sum(losses) / len(losses), "grad_norm": sum(grad_norms) / len(grad_norms), "lr": lrs[-1],
+               "learner_seconds": seconds}
+        out.update(loss_mod.finalize_stats(totals))
+        out.update(data_stats)
+        num_seq_tokens = sum(g.prompt_token_ids.size * len(g.samples) + sum(s.token_ids.size for s in g.samples)
+                             for g in groups)
+        out["tokens_per_s"] = num_seq_tokens / max(seconds, 1e-9)
+        return out
+
+    def _reduce(self, acc: dict) -> dict:
+        """Sum the stats over ranks (max for ratio_max): one collective per mini-batch."""
+        if self.world_size == 1:
+            return acc
+        import torch
+        import torch.distributed as dist
+
+        sums = torch.stack([acc[k].to(self.device) for k in loss_mod.STAT_SUMS])
+        dist.all_reduce(sums)
+        mx = acc["ratio_max"].to(self.device).reshape(1).clone()
+        dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+        out = {k: sums[i] for i, k in enumerate(loss_mod.STAT_SUMS)}
+        out["ratio_max"] = mx[0]
+        return out
+
+    # ------------------------------------------------------------------ weights and checkpoints
+
+    def state_dict_for_publish(self) -> dict[str, Any] | None:
+        """Full HF-named weights in model.dtype on rank 0 (None on other ranks); collective under ZeRO-3.
+
+        On CPU with float32 the tensors alias the live parameters: use them before the next train_step.
+        """
+        return self.backend.full_state_dict(self.publish_dtype)
+
+    def publish(self, keep: int | None = None):
+        """Write the current weights as version `self.version` (rank 0); returns the announcement or None."""
+        from pipeline.consumer.weights import publish_weights
+
+        state = self.state_dict_for_publish()
+        if state is None:
+            return None
+        return publish_weights(state, self.cfg.weights_dir, self.version,
+                               self.cfg.weights.keep if keep is None else keep)
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.cfg.run_dir / "checkpoints"
+
+    def save_checkpoint(self, extra: bytes = b"", keep: int = 2) -> Path:
+        """Checkpoint the current version (collective). `extra` is an opaque blob returned by load."""
+        return checkpoint.save_checkpoint(self.checkpoint_root, self.backend, self.version, self.optimizer_steps,
+                                          extra, keep)
+
+    def load_checkpoint(self, path: str | Path | None = None) -> bytes | None:
+        """Restore `path` (default: the latest checkpoint); returns its extra blob, or None if none exists."""
+        if path is None:
+            path = checkpoint.latest_checkpoint(self.checkpoint_root)
+            if path is None:
+                return None
+        meta, extra = checkpoint.load_checkpoint(Path(path), self.backend)
+        self.version = int(meta["version"])
+        self.optimizer_steps = int(meta["optimizer_steps"])
+        return extra

@@ -1,0 +1,353 @@
+"""The learner: batching, log-probs, weight files, training direction, resume, backends, and the main loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from learner_worker import load_groups, make_cfg, make_groups, make_tiny_model, save_groups
+
+from pipeline import protocol
+from pipeline.consumer import batching
+from pipeline.consumer.learner import Learner
+from pipeline.consumer.model import load_model, token_logprobs
+from pipeline.consumer.weights import iter_weights, publish_weights, published_versions
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def groups(tiny):
+    return make_groups(tiny)
+
+
+# ---------------------------------------------------------------- batching
+
+
+def test_collate_aligns_behaviour_logprobs_to_predicting_positions():
+    g = protocol.Group(7, np.array([5, 6, 7], np.int32),
+                       [protocol.Sample(np.array([9, 10], np.int32), np.array([-0.1, -0.2], np.float32), 1.0, 3,
+                                        "stop"),
+                        protocol.Sample(np.array([11], np.int32), np.array([-0.3], np.float32), 0.0, 2, "length")],
+                       [0.5, -0.5], 8, 2, True)
+    mb = batching.collate(batching.flatten([g]))
+    assert mb.input_ids_BT.tolist() == [[5, 6, 7, 9, 10], [5, 6, 7, 11, 0]]
+    # position 2 (token 7) predicts the first completion token
+    assert mb.mask_BT.tolist() == [[False, False, True, True, False], [False, False, True, False, False]]
+    assert mb.old_logp_BT[0, 2:4].tolist() == pytest.approx([-0.1, -0.2])
+    assert mb.old_logp_BT[1, 2].item() == pytest.approx(-0.3)
+    assert mb.adv_B.tolist() == [0.5, -0.5] and mb.version_B.tolist() == [3, 2] and mb.num_tokens == 3
+    stats = batching.batch_stats([g], learner_version=4)
+    assert stats["staleness_max"] == 2 and stats["truncated_frac"] == 0.5 and stats["reward_mean"] == 0.5
+
+
+def test_plan_covers_every_sequence_once_with_equal_micro_counts(groups):
+    seqs = batching.flatten(groups)
+    for world in (1, 2, 3):
+        seen, counts = [], set()
+        for rank in range(world):
+            micro, total = batching.plan_minibatch(groups, rank, world, micro_batch_tokens=64)
+            counts.add(len(micro))
+            assert total == sum(s.logp.size for s in seqs)
+            for mb in micro:
+                assert mb.input_ids_BT.numel() <= 64 or mb.input_ids_BT.shape[0] == 1
+                for row, m in zip(mb.input_ids_BT.tolist(), mb.mask_BT.tolist()):
+                    if any(m):  # the last predicting position + 1 is the sequence's last token
+                        seen.append(tuple(row[: max(i for i, x in enumerate(m) if x) + 2]))
+        assert len(counts) == 1  # every rank runs the same number of micro-batches
+        assert sorted(seen) == sorted(tuple(s.ids.tolist()) for s in seqs)
+
+
+def test_split_minibatches_and_empty_prompt_error(groups):
+    runs = batching.split_minibatches(groups, 3)
+    assert [len(r) for r in runs] == [1, 2, 1] and sum(runs, []) == groups
+    bad = protocol.Group(0, np.zeros(0, np.int32), groups[0].samples, groups[0].advantages, 4, 1, True)
+    with pytest.raises(ValueError, match="empty prompt"):
+        batching.flatten([bad])
+
+
+# ---------------------------------------------------------------- model
+
+
+def test_token_logprobs_match_full_log_softmax(tiny):
+    model = load_model(tiny)
+    ids = torch.randint(0, 64, (3, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.zeros(3, 12, dtype=torch.bool)
+    mask[:, 4:9] = True
+    logp, ent = token_logprobs(model, ids, None, 0.7, mask_BT=mask)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float() / 0.7
+    ref = torch.log_softmax(logits, -1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(logp[:, :-1], torch.where(mask[:, :-1], ref, 0.0), atol=1e-5, rtol=1e-5)
+    p = torch.softmax(logits, -1)
+    torch.testing.assert_close(ent, torch.where(mask, -(p * p.log()).sum(-1), 0.0), atol=1e-5, rtol=1e-5)
+    padded = torch.cat([ids, torch.zeros(3, 4, dtype=torch.long)], 1)
+    logp_pad, _ = token_logprobs(model, padded, None, 0.7, torch.cat([mask, torch.zeros(3, 4, dtype=torch.bool)], 1))
+    torch.testing.assert_close(logp_pad[:, :12], logp, atol=1e-6, rtol=1e-6)
+
+
+def test_chunked_head_matches_one_pass(tiny, monkeypatch):
+    from pipeline.consumer import model as model_mod
+
+    model = load_model(tiny)
+    ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.zeros(2, 10, dtype=torch.bool)
+    mask[:, 2:9] = True
+    results = []
+    for chunk in (1 << 27, 64 * 3):  # one pass; then 3 rows per checkpointed chunk
+        monkeypatch.setattr(model_mod, "CHUNK_ELEMENTS", chunk)
+        model.zero_grad()
+        logp, ent = token_logprobs(model, ids, None, 1.0, mask, entropy_grad=True)
+        (logp.sum() + ent.sum()).backward()
+        results.append((logp.detach(), ent.detach(), model.lm_head.weight.grad.clone()))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_tied_embeddings_publish_once(tmp_path, groups):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, head_dim=32, intermediate_size=128, tie_word_embeddings=True)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "tied")
+    learner = Learner(make_cfg(tmp_path / "tied", tmp_path))
+    learner.train_step(groups)
+    state = learner.state_dict_for_publish()
+    assert "model.embed_tokens.weight" in state and "lm_head.weight" not in state
+    ann = learner.publish()
+    assert ann.version == 1 and dict(iter_weights(ann.uri)).keys() == state.keys()
+
+
+def test_load_model_names_a_bad_path(tmp_path):
+    with pytest.raises(ValueError, match="config.json"):
+        load_model(tmp_path / "nope")
+
+
+# ---------------------------------------------------------------- weights
+
+
+def test_publish_is_atomic_prunes_and_round_trips(tmp_path):
+    state = {"a.weight": torch.randn(4, 3), "b.bias": torch.randn(5).to(torch.bfloat16)}
+    for v in range(1, 5):
+        ann = publish_weights(state, tmp_path, v, keep=2)
+    assert ann.version == 4 and ann.uri == str(tmp_path / "v000004.safetensors")
+    assert ann.num_bytes == Path(ann.uri).stat().st_size
+    assert published_versions(tmp_path) == [3, 4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v000003.safetensors", "v000004.safetensors"]
+    back = dict(iter_weights(ann.uri))
+    assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
+    with pytest.raises(ValueError, match="keep"):
+        publish_weights(state, tmp_path, 5, keep=0)
+
+
+# ---------------------------------------------------------------- training
+
+
+def _completion_logp(model, groups):
+    """Mean log-prob per completion, and whether its advantage is positive."""
+    out = []
+    for g in groups:
+        for s, a in zip(g.samples, g.advantages):
+            ids = torch.from_numpy(np.concatenate([g.prompt_token_ids, s.token_ids]).astype(np.int64))[None]
+            mask = torch.zeros_like(ids, dtype=torch.bool)
+            mask[0, g.prompt_token_ids.size - 1: ids.shape[1] - 1] = True
+            with torch.no_grad():
+                lp, _ = token_logprobs(model, ids, None, 1.0, mask, with_entropy=False)
+            out.append((lp[mask].mean().item(), a > 0))
+    return out
+
+
+def test_training_raises_positive_and_lowers_negative_completions(tiny, groups, tmp_path):
+    learner = Learner(make_cfg(tiny, tmp_path))
+    before = _completion_logp(learner.policy.lm, groups)
+    for _ in range(4):
+        m = learner.train_step(groups)
+    assert learner.version == 4 and m["optimizer_steps"] == 8 and np.isfinite(m["loss"])
+    after = _completion_logp(learner.policy.lm, groups)
+    up = [a - b for (a, pos), (b, _) in zip(after, before) if pos]
+    down = [a - b for (a, pos), (b, _) in zip(after, before) if not pos]
+    assert np.mean(up) > 0.05 and np.mean(down) < -0.05
+    assert sum(d > 0 for d in up) >= 0.75 * len(up) and sum(d < 0 for d in down) >= 0.75 * len(down)
+
+
+def test_decoupled_step_uses_proximal_logprobs(tiny, groups, tmp_path):
+    learner = Learner(make_cfg(tiny, tmp_path, "torch", 2, "--learner.decoupled", "true",
+                               "--learner.tis_cap", "1.2", "--learner.mini_batches", "1"))
+    m = learner.train_step(groups)
+    # one mini-batch: the proximal policy is the current one, so every ratio is 1 and nothing clips, while
+    # the behaviour weights exp(prox - behaviour) carry the noise of the behaviour log-probs (capped at 1.2)
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and m["clip_frac"] == 0.0
+    assert m["behaviour_weight"] != pytest.approx(1.0, abs=1e-3) and m["behaviour_weight"] <= 1.2
+    assert m["kl_behaviour"] > 0 and np.isfinite(m["loss"])
+
+
+def test_resume_continues_with_the_same_next_loss(tiny, groups, tmp_path):
+    a = Learner(make_cfg(tiny, tmp_path / "a"))
+    a.train_step(groups)
+    a.train_step(groups)
+    path = a.save_checkpoint(extra=b"data-position-42")
+    expected = a.train_step(groups)
+    assert (tmp_path / "a" / "test" / "checkpoints" / "latest").read_text() == path.name == "step_000002"
+
+    b = Learner(make_cfg(tiny, tmp_path / "a"))
+    assert b.load_checkpoint() == b"data-position-42" and b.version == 2 and b.optimizer_steps == 4
+    got = b.train_step(groups)
+    assert got["loss"] == pytest.approx(expected["loss"], rel=1e-6, abs=1e-9)
+    assert got["lr"] == expected["lr"] and got["version"] == expected["version"] == 3
+    sa, sb = a.state_dict_for_publish(), b.state_dict_for_publish()
+    assert all(torch.allclose(sa[k], sb[k], atol=1e-7) for k in sa)
+
+
+@pytest.mark.slow
+def test_backends_agree_torch_ddp_zero2_zero3(tiny, groups, tmp_path):
+    """One process, DDP (2 ranks, gloo) and DeepSpeed ZeRO-2/3 (2 ranks): same losses and published weights;
+    and a ZeRO-3 learner resumed from its checkpoint repeats the next loss."""
+    gfile = tmp_path / "groups.bin"
+    save_groups(groups, gfile)
+    from learner_worker import run_setups
+
+    run_setups(tiny, gfile, tmp_path, 2, ["torch"])
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    proc = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(_free_port()),
+                           str(ROOT / "tests" / "learner_worker.py"), str(tiny), str(gfile), str(tmp_path), "2",
+                           "ddp", "zero2", "zero3", "zero3_resume"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ref_losses = json.loads((tmp_path / "torch" / "metrics.json").read_text())["losses"]
+    ref = dict(iter_weights(tmp_path / "torch" / "v000002.safetensors"))
+    for name in ("ddp", "zero2", "zero3"):
+        meta = json.loads((tmp_path / name / "metrics.json").read_text())
+        assert meta["world_size"] == 2
+        assert meta["losses"] == pytest.approx(ref_losses, rel=1e-5, abs=1e-7), name
+        got = dict(iter_weights(tmp_path / name / "v000002.safetensors"))
+        assert got.keys() == ref.keys(), name
+        for k in ref:
+            torch.testing.assert_close(got[k], ref[k], atol=2e-6, rtol=1e-5, msg=f"{name}: {k}")
+    assert load_groups(gfile)[0].prompt_id == groups[0].prompt_id
+    resumed = json.loads((tmp_path / "zero3_resume" / "metrics.json").read_text())
+    assert resumed["got"] == pytest.approx(resumed["expected"], rel=1e-6, abs=1e-9)
+    assert resumed["extra"] == "blob" and resumed["version"] == 2
+
+
+def _free_port() -> int:
+    from pipeline.transport import free_port
+
+    return free_port()
+
+
+# ---------------------------------------------------------------- the main loop against a scripted buffer
+
+
+class ScriptedBuffer:
+    """A test double of the buffer: answers BatchRequests with `batches` (then empty ones), records the rest."""
+
+    def __init__(self, batches):
+        import zmq
+
+        from pipeline.transport import free_port
+
+        self.port = free_port()
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.bind(f"tcp://127.0.0.1:{self.port}")
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.bind(f"tcp://127.0.0.1:{self.port + 1}")
+        self.batches = list(batches)
+        self.received: list = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        enc, dec = protocol.Encoder(), protocol.Decoder(protocol.ToBuffer)
+        while not self.stop.is_set():
+            if not self.router.poll(50):
+                continue
+            ident, *frames = self.router.recv_multipart()
+            msg = dec.decode(frames)
+            self.received.append(msg)
+            if isinstance(msg, protocol.BatchRequest):
+                groups = self.batches.pop(0) if self.batches else []
+                reply = protocol.Batch(msg.learner_version, groups, {"eval/acc": 0.25} if groups else {})
+                self.router.send_multipart([ident, *enc.encode(reply)])
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        self.router.close(0)
+        self.pub.close(0)
+        self.ctx.term()
+
+
+def _main_args(tiny, tmp_path, port, *extra):
+    return ["--connect", f"127.0.0.1:{port}", "--model", str(tiny), "--learner.batch_prompts", "4",
+            "--learner.mini_batches", "2", "--learner.lr", "1e-3", "--learner.micro_batch_tokens", "128",
+            "--weights.dir", str(tmp_path / "w"), "--run.dir", str(tmp_path), "--run.name", "r", *extra]
+
+
+def test_main_trains_publishes_announces_and_shuts_down(tiny, groups, tmp_path, capsys):
+    from pipeline.consumer.main import main
+
+    buf = ScriptedBuffer([groups, groups[:3]])
+    try:
+        rc = main(_main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "2", "--learner.checkpoint_every",
+                             "1", "--learner.batch_timeout_s", "30"))
+    finally:
+        buf.close()
+    assert rc == 0
+    updates = [m for m in buf.received if isinstance(m, protocol.VersionUpdate)]
+    assert [u.version for u in updates] == [0, 1, 2] and updates[0].weights is None
+    assert updates[2].weights.uri == str(tmp_path / "w" / "v000002.safetensors")
+    assert Path(updates[2].weights.uri).stat().st_size == updates[2].weights.num_bytes
+    requests = [m for m in buf.received if isinstance(m, protocol.BatchRequest)]
+    assert [r.learner_version for r in requests] == [0, 1] and requests[0].num_groups == 4
+    assert isinstance(buf.received[-1], protocol.Shutdown)
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2] and lines[0]["buffer/eval/acc"] == 0.25
+    assert lines[1]["num_groups"] == 3
+    out = capsys.readouterr().out
+    assert "step 1 | reward 0.50 | kept 4/4 | stale 0 |" in out and "kept 3/4 | stale 1 |" in out
+    assert (tmp_path / "r" / "checkpoints" / "latest").read_text() == "step_000002"
+
+    buf = ScriptedBuffer([groups])  # --resume: republish version 2 for fresh producers, then go on at 2
+    try:
+        rc = main(_main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "3", "--resume"))
+    finally:
+        buf.close()
+    assert rc == 0
+    updates = [m for m in buf.received if isinstance(m, protocol.VersionUpdate)]
+    assert [u.version for u in updates] == [2, 3] and updates[0].weights.version == 2
+    assert [m.learner_version for m in buf.received if isinstance(m, protocol.BatchRequest)] == [2]
+    assert "resumed at version 2" in capsys.readouterr().out
+
+
+def test_main_gives_up_after_batch_timeout(tiny, tmp_path, capsys):
+    from pipeline.consumer.main import main
+
+    buf = ScriptedBuffer([])
+    try:
+        rc = main(_main_args(tiny, tmp_path, buf.port, "--learner.batch_timeout_s", "1.5"))
+    finally:
+        buf.close()
+    assert rc == 1
+    assert "no batch arrived for 2 s (learner.batch_timeout_s)" in capsys.readouterr().err
+
+
+def test_main_reports_config_errors(capsys):
+    from pipeline.consumer.main import main
+
+    assert main(["--learner.lrr", "1"]) == 2
+    assert "did you mean `learner.lr`" in capsys.readouterr().err
