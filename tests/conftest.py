@@ -1,0 +1,17 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TINY_MODEL_DIR = Path(__file__).resolve().parents[1] / ".cache" / "tiny-model"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The tiny arithmetic model (seed 0), built once per checkout (~1-2 min on 2 cores) and then reused."""
+    from pipeline.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model(TINY_MODEL_DIR, seed=0)
