@@ -23,7 +23,7 @@ import numpy as np
 import zmq
 
 from pipeline import protocol as P
-from pipeline.transport import BufferClient, free_port
+from pipeline.transport import BufferClient, free_port, free_port_pair
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -77,7 +77,8 @@ def raw_pushpull(frames: list[list]) -> float:
 
 def buffer_ingest(num_rounds: int, tokens: int) -> tuple[float, dict]:
     """Seconds for a real buffer process to ingest `num_rounds` results, and its metrics afterwards."""
-    router, control = free_port(), free_port()
+    router = free_port_pair()
+    control = router + 1
     cmd = [sys.executable, "-m", "pipeline.cli", "buffer", "--model", "unused", "--data.template", "{problem}=",
            "--endpoints.router_port", str(router), "--endpoints.control_port", str(control),
            "--learner.batch_prompts", str(num_rounds * 2), "--learner.mini_batches", "1",

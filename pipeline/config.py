@@ -191,8 +191,8 @@ class WeightsConfig(_Section):
 
 class EndpointsConfig(_Section):
     host: str = "127.0.0.1"  # interface the buffer binds; a non-loopback address needs CurveZMQ keys
-    router_port: int = 5555  # requests and results (0 = pick a free port)
-    control_port: int = 5556  # broadcast of versions, aborts and shutdown (0 = pick a free port)
+    router_port: int = 5555  # requests and results (0 = let `train` pick a free pair of ports)
+    control_port: int = 5556  # broadcast of versions, aborts and shutdown: always router_port + 1
     weights_port: int = 5557  # weight server on the learner when weights.serve is on
     keys_dir: str = ""  # CurveZMQ keys made by `reinforce-ada keys` (needed for non-loopback hosts)
 
@@ -200,6 +200,10 @@ class EndpointsConfig(_Section):
         for name in ("router_port", "control_port", "weights_port"):
             port = getattr(self, name)
             _require(0 <= port < 65536, f"endpoints.{name}", "must be a TCP port in [0, 65535]")
+        # clients are told only HOST:PORT and find the control channel on PORT + 1
+        _require(self.control_port == (self.router_port + 1 if self.router_port else 0), "endpoints.control_port",
+                 f"must be router_port + 1 ({self.router_port + 1 if self.router_port else 0}): clients connect "
+                 "to HOST:router_port and find the control channel on the next port")
 
 
 class RunConfig(_Section):

@@ -131,6 +131,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_pair() -> int:
+    """A free port P whose successor P + 1 is free too (the router and control ports of a buffer)."""
+    for _ in range(100):
+        port = free_port()
+        if port >= 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise OSError("no free pair of consecutive TCP ports found on 127.0.0.1")
+
+
 def parse_connect(spec: str, control_port: int | None = None) -> tuple[str, str]:
     """`HOST:PORT` (control = PORT + 1 unless given) or `tcp://...` -> (router_url, control_url)."""
     if spec.startswith("ipc://"):

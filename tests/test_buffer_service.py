@@ -8,7 +8,7 @@ import time
 import pytest
 
 from pipeline import protocol as P
-from pipeline.transport import BufferClient, free_port
+from pipeline.transport import BufferClient, free_port_pair
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,8 @@ def _scripted(role, router, control, *extra):
 
 @pytest.fixture
 def ports():
-    return free_port(), free_port()
+    port = free_port_pair()
+    return port, port + 1
 
 
 def _wait_ready(router, control, timeout=30):

@@ -257,9 +257,9 @@ class ScriptedBuffer:
     def __init__(self, batches):
         import zmq
 
-        from pipeline.transport import free_port
+        from pipeline.transport import free_port_pair
 
-        self.port = free_port()
+        self.port = free_port_pair()
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.bind(f"tcp://127.0.0.1:{self.port}")

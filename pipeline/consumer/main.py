@@ -146,6 +146,7 @@ def run(cfg, connect: str | None = None, resume: bool = False) -> int:
             metrics["publish_seconds"] = time.perf_counter() - t_pub
             metrics["wait_seconds"] = t0 - t_wait
             metrics["step_seconds"] = time.perf_counter() - t0
+            metrics["learner_busy"] = metrics["step_seconds"] / max(1e-9, time.perf_counter() - t_wait)
             if rank0:
                 client.send(protocol.VersionUpdate(learner.version, ann))
                 metrics.update({f"buffer/{k}": v for k, v in batch.metrics.items()})

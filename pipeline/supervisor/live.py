@@ -63,9 +63,9 @@ class RunState:
 
     def step_line(self, row: dict) -> str:
         """The one-line summary of a learner step (also the non-terminal output)."""
-        kept = row.get("groups", 0)
+        kept = row.get("num_groups", 0)
         return (f"step {row.get('step', '?')} | reward {row.get('reward_mean', float('nan')):.3f} | "
-                f"kept {kept}x{row.get('group_size', '?')} | "
+                f"groups {kept} | "
                 f"samples/group {row.get('buffer/samples_per_released_group', 0):.1f} | "
                 f"stale {row.get('staleness_max', 0):.0f} | loss {row.get('loss', float('nan')):+.4f} | "
                 f"{row.get('step_seconds', 0):.1f} s")

@@ -75,7 +75,7 @@ def run(cfg: Config, overrides: list[str], config_path: str | None) -> int:
     from pipeline.models import resolve_model_path
     from pipeline.supervisor.live import JsonlTail, RunState, render
     from pipeline.supervisor.procs import stop_all, write_commands
-    from pipeline.transport import BufferClient, free_port
+    from pipeline.transport import BufferClient, free_port_pair
 
     run_dir = cfg.run_dir
     log_dir = run_dir / "logs"
@@ -86,8 +86,8 @@ def run(cfg: Config, overrides: list[str], config_path: str | None) -> int:
     model_dir = resolve_model_path(cfg)
     cfg_path = run_dir / "config.toml"
     cfg_path.write_text(dumps_toml(cfg))
-    router_port = cfg.endpoints.router_port or free_port()
-    control_port = cfg.endpoints.control_port or free_port()
+    router_port = cfg.endpoints.router_port or free_port_pair()
+    control_port = router_port + 1
     children = plan_children(cfg, cfg_path, model_dir, log_dir, router_port, control_port)
     write_commands(run_dir / "commands.sh", children, os.getcwd())
     by_name = {c.name: c for c in children}
