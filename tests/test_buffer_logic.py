@@ -420,3 +420,20 @@ def test_rounds_lost_to_staleness_are_refunded_but_capped():
     assert m["dropped_unresolved"] == 1 and m["rounds_to_exit"] == {}
     assert m["samples_received"] == 4 * MAX_ROUNDS_FACTOR * 2
     s.check_invariants()
+
+
+def test_empty_or_repeatedly_rejected_results_give_up_on_the_prompt():
+    from pipeline.buffer.scheduler import MAX_REJECTIONS
+
+    s = make(batch=2, round_size=4)
+    a, b = s.request_work("p", 2, 0.0)
+    out = s.submit_result("p", a.round_id, TOK, [], now=1.0)  # the producer cannot serve this prompt
+    assert out.status == "rejected" and out.dropped
+    for i in range(MAX_REJECTIONS):
+        (rb,) = [r for r in s.request_work("p", 2, 0.0) if r.prompt_id == b.prompt_id] or [b]
+        out = s.submit_result("p", rb.round_id, TOK, rounds([1, 0]), now=1.0)  # wrong count: 2 of 4
+        assert out.status == "rejected"
+    assert out.dropped
+    m = s.metrics()
+    assert m["prompts_unservable"] == 2 and m["dropped_unresolved"] == 2 and m["results_rejected"] == 1 + MAX_REJECTIONS
+    s.check_invariants()

@@ -62,10 +62,11 @@ from pipeline.protocol import Group, RoundAssignment, Sample
 
 SNAPSHOT_FORMAT = 1
 MAX_ROUNDS_FACTOR = 2  # hard cap: a prompt is settled after this many times max_rounds accepted rounds
+MAX_REJECTIONS = 3  # a prompt whose results are rejected this often is given up on (counted as unservable)
 _COUNTERS = (
     "admitted", "released", "released_partial", "dropped_unresolved", "dropped_zero_variance", "stale_evictions",
     "reopened", "rounds_issued", "rounds_reissued", "rounds_expired", "rounds_aborted", "results_rejected",
-    "samples_received", "positives_received", "pool_samples_released",
+    "samples_received", "positives_received", "pool_samples_released", "prompts_unservable",
 )
 _IGNORE_REASONS = ("duplicate", "late", "unknown")
 
@@ -148,6 +149,7 @@ class Scheduler:
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._ignored = dict.fromkeys(_IGNORE_REASONS, 0)
         self._rounds_to_exit: dict[int, int] = {}
+        self._rejections: dict[int, int] = {}  # prompt id -> results rejected (not snapshotted)
 
     # ------------------------------------------------------------ events
 
@@ -185,6 +187,13 @@ class Scheduler:
         st = self._active[prompt_id]
         if len(samples) != self.round_size:
             self._counts["results_rejected"] += 1
+            # An empty result is the producer saying it cannot serve this prompt at all (e.g. longer than the
+            # engine's max_model_len); a prompt rejected again and again would otherwise be re-issued forever.
+            self._rejections[prompt_id] = self._rejections.get(prompt_id, 0) + 1
+            if not samples or self._rejections[prompt_id] >= MAX_REJECTIONS:
+                self._cancel(st, "rounds_aborted")
+                self._drop(st, "prompts_unservable")
+                return SubmitOutcome("rejected", dropped=True)
             self._cancel(st, "rounds_reissued")
             return SubmitOutcome("rejected")
         del self._rounds[round_id]
@@ -344,12 +353,19 @@ class Scheduler:
         if (st.rounds_completed >= limit or capped) and len(st.pool) >= n:
             return self._release(st, resolved=False)
         if capped:  # not even n fresh samples left: drop it (counted as unresolved)
-            del self._active[st.prompt_id]
-            self._counts["dropped_unresolved"] += 1
-            self._accepted_rounds.difference_update(st.accepted_round_ids)
+            self._drop(st)
             return None, True
         self._queue(st)
         return None, False
+
+    def _drop(self, st: PromptState, reason: str = "") -> None:
+        """Give up on an active prompt without a group (counted as dropped_unresolved, and under `reason`)."""
+        del self._active[st.prompt_id]
+        self._rejections.pop(st.prompt_id, None)
+        self._counts["dropped_unresolved"] += 1
+        if reason:
+            self._counts[reason] += 1
+        self._accepted_rounds.difference_update(st.accepted_round_ids)
 
     def _release(self, st: PromptState, resolved: bool) -> tuple[Group | None, bool]:
         del self._active[st.prompt_id]
@@ -407,6 +423,7 @@ class Scheduler:
             "rounds_expired": c["rounds_expired"],
             "rounds_aborted": c["rounds_aborted"],
             "results_rejected": c["results_rejected"],
+            "prompts_unservable": c["prompts_unservable"],
             "results_ignored": dict(self._ignored),
             "samples_received": c["samples_received"],
             # every sample received (evicted ones and those of dropped prompts too) per group released: the cost

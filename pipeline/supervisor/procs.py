@@ -48,6 +48,7 @@ class Child:
         return (env + " " if env else "") + shlex.join(self.cmd)
 
     def start(self) -> None:
+        self.kill_group()  # a restart: whatever the previous incarnation left behind goes first
         env = dict(os.environ)
         env.update(self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -64,14 +65,25 @@ class Child:
         return None if self.proc is None else self.proc.poll()
 
     def signal(self, sig: int) -> None:
+        """Signal the leader only: it shuts its own helpers (vLLM engine processes) down in order. Signalling
+        the whole group would kill the engine at once and lose the rounds the grace period should finish."""
         if self.proc is not None and self.proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, sig)
+                os.kill(self.proc.pid, sig)
             except ProcessLookupError:
                 pass
 
+    def kill_group(self) -> None:
+        """SIGKILL everything left in the child's process group (also after the leader died: orphaned engines)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
     def stop(self, grace_s: float = 10.0) -> int | None:
-        """SIGTERM the group, wait up to `grace_s`, then SIGKILL it. Returns the exit code."""
+        """SIGTERM the leader, wait up to `grace_s`, then SIGKILL the whole group. Returns the exit code."""
         if self.proc is None:
             return None
         self.signal(signal.SIGTERM)
@@ -79,11 +91,7 @@ class Child:
             self.proc.wait(grace_s)
         except subprocess.TimeoutExpired:
             pass
-        # kill the whole group even when the leader exited: its engine processes may linger
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        self.kill_group()  # even when the leader exited: its engine processes may linger
         try:
             return self.proc.wait(5)
         except subprocess.TimeoutExpired:

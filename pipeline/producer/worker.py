@@ -1,0 +1,343 @@
+"""The producer process: asks the buffer for rounds, generates and scores them, streams the results back.
+
+One asyncio loop runs everything: the vLLM engine's output handler, the request loop (at most ONE WorkRequest
+outstanding, for min(free capacity, producers.max_rounds) rounds), one task per round (generate -> score in
+the reward pool's processes -> send RoundResult), the control channel (weights, aborts, shutdown) and a 1 s
+heartbeat. Nothing blocking runs on the loop: scoring happens in worker processes (or a thread).
+
+Invariants:
+- every round this producer accepted gets exactly one RoundResult, unless it was aborted (by the buffer, or
+  by us at shutdown after the grace period) or the engine died: then nothing is sent and the buffer re-issues
+  the round when its lease runs out;
+- every sample carries the weight version its request was submitted under (see engine.py);
+- a WorkRequest without a reply within `request_timeout_s` is sent again (the buffer may have restarted;
+  ZeroMQ reconnects by itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+import signal
+import time
+from typing import Any
+
+from pipeline import protocol as P
+from pipeline.config import Config
+from pipeline.producer.stats import ProducerStats
+
+log = logging.getLogger(__name__)
+
+MAX_EARLY_ABORTS = 4096  # remembered aborts of rounds this producer has not (yet) started
+
+
+class Producer:
+    """The producer's state and loops; `run_producer` builds one and runs it."""
+
+    def __init__(self, cfg: Config, client: Any, engine: Any, pool: Any, producer_id: str,
+                 grace_s: float = 10.0, request_timeout_s: float = 5.0, heartbeat_s: float = 1.0) -> None:
+        self.cfg, self.client, self.engine, self.pool = cfg, client, engine, pool
+        self.id = producer_id
+        self.grace_s, self.request_timeout_s, self.heartbeat_s = grace_s, request_timeout_s, heartbeat_s
+        self.exit_code = 0
+        self._stop = asyncio.Event()
+        self._capacity = asyncio.Event()  # set whenever a sample slot may have freed up
+        self._reply: asyncio.Future | None = None
+        self._rounds: dict[int, asyncio.Task] = {}
+        self._aborted: set[int] = set()
+        # aborts of rounds not started yet (an Abort can overtake the Assignments it refers to)
+        self._early_aborts: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._pending_weights: P.WeightAnnouncement | None = None
+        self._weights_ready = asyncio.Event()
+        self._load_lock = asyncio.Lock()
+        self.learner_version = 0
+        self.stats = ProducerStats()
+        self.counts = self.stats.counts
+        engine.on_sample_done = self._capacity.set
+
+    # ---- entry ----
+
+    async def run(self) -> int:
+        """Serve rounds until stopped; then drain (see `stop`) and return the exit code (0, or 1: engine died)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.stop, f"signal {sig.name}")
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (tests)
+                pass
+        helpers = [asyncio.create_task(c) for c in (self._recv_loop(), self._control_loop(),
+                                                     self._heartbeat_loop(), self._weights_loop())]
+        for t in helpers:
+            t.add_done_callback(self._check_task)
+        try:
+            await self._request_loop()
+        finally:
+            await self._drain()
+            for t in helpers:
+                t.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            await self._send_heartbeat()
+        return self.exit_code
+
+    def stop(self, reason: str, grace_s: float | None = None, exit_code: int = 0) -> None:
+        """Stop asking for work; running rounds get `grace_s` (default: the configured grace) to finish."""
+        if not self._stop.is_set():
+            log.info("producer %s stopping: %s", self.id, reason)
+            if grace_s is not None:
+                self.grace_s = grace_s
+            self.exit_code = exit_code
+            self._stop.set()
+
+    def _check_task(self, task: asyncio.Task) -> None:
+        """A loop or round that died of a bug stops the producer (exit 1) instead of failing silently."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("producer task failed", exc_info=task.exception())
+            self.stop(f"internal error: {task.exception()!r}", grace_s=0.0, exit_code=1)
+
+    # ---- work requests ----
+
+    async def _request_loop(self) -> None:
+        max_rounds = self.cfg.producers.max_rounds
+        while not self._stop.is_set():
+            num = min(self.engine.free_capacity(), max_rounds)
+            if num <= 0:
+                self._capacity.clear()
+                await _wait_first(self._capacity.wait(), self._stop.wait(), timeout=1.0)
+                continue
+            self._reply = asyncio.get_running_loop().create_future()
+            sent = time.monotonic()
+            await self.client.send(P.WorkRequest(self.id, num, self.engine.version))
+            await _wait_first(self._reply, self._stop.wait(), timeout=self.request_timeout_s)
+            if self._stop.is_set():
+                break
+            if not self._reply.done():
+                self.counts["request_timeouts"] += 1
+                log.warning("no reply to a WorkRequest within %.1f s; asking again", self.request_timeout_s)
+                continue
+            reply = self._reply.result()
+            await self._accept(reply)
+            if not reply.rounds and time.monotonic() - sent < 0.05:
+                # an instant empty reply: the buffer does not long-poll (or has nothing at all); back off
+                await asyncio.sleep(random.uniform(0.05, 0.2))
+
+    async def _recv_loop(self) -> None:
+        while True:
+            msg = await self.client.recv()
+            if not isinstance(msg, P.Assignments):
+                continue  # Ack / MetricsSnapshot: nothing to do for a producer
+            self.learner_version = max(self.learner_version, msg.learner_version)
+            if self._reply is not None and not self._reply.done():
+                self._reply.set_result(msg)
+            elif not self._stop.is_set():
+                await self._accept(msg)  # a late reply to a request we re-sent: its rounds are ours too
+
+    async def _accept(self, reply: P.Assignments) -> None:
+        """Load the weights a reply names (the buffer sends them to a producer that missed an update), then
+        start its rounds, so they run on those weights."""
+        self.learner_version = max(self.learner_version, reply.learner_version)
+        if reply.weights is not None:
+            await self._load_weights(reply.weights)
+        for a in reply.rounds:
+            if a.round_id in self._rounds:
+                continue  # a duplicate assignment
+            if a.round_id in self._early_aborts:
+                del self._early_aborts[a.round_id]
+                self.counts["rounds_aborted"] += 1
+                continue
+            self.stats.set_busy(True)
+            self._rounds[a.round_id] = task = asyncio.create_task(self._run_round(a))
+            task.add_done_callback(self._check_task)
+        # let the new tasks reach the engine (it counts a round from its first step) before capacity is read
+        await asyncio.sleep(0)
+
+    # ---- one round ----
+
+    async def _run_round(self, a: P.RoundAssignment) -> None:
+        from pipeline.producer.engine import RoundAborted
+
+        start = time.monotonic()
+        try:
+            try:
+                out = await self.engine.generate_round(a)
+            except RoundAborted:
+                self.counts["rounds_aborted"] += 1
+                return
+            except Exception as exc:  # noqa: BLE001 - decide below whether the engine is gone
+                if self.engine.is_dead:
+                    self.counts["engine_errors"] += 1
+                    self.stop(f"the engine died: {exc!r}", grace_s=0.0, exit_code=1)
+                    return
+                # vLLM rejected this prompt (e.g. longer than max_model_len): report a round with no samples
+                log.error("sending round %d back without samples: %s", a.round_id, exc)
+                self.counts["rounds_failed"] += 1
+                await self.client.send(P.RoundResult(self.id, a.round_id, a.prompt_id, P.empty_array("int32"),
+                                                     [], time.monotonic() - start))
+                return
+            gen_seconds = time.monotonic() - start
+            self._capacity.set()
+            rewards = await self._score([c.text for c in out.completions], a.answer)
+            if a.round_id in self._aborted:
+                self.counts["rounds_aborted"] += 1
+                return
+            samples = [P.Sample(c.token_ids, c.logprobs, float(r), c.version, c.finish_reason)
+                       for c, r in zip(out.completions, rewards)]
+            await self.client.send(P.RoundResult(self.id, a.round_id, a.prompt_id, out.prompt_token_ids,
+                                                 samples, gen_seconds))
+            self.stats.round_done(len(samples), sum(len(c.token_ids) for c in out.completions))
+        finally:
+            self._rounds.pop(a.round_id, None)
+            self._aborted.discard(a.round_id)
+            self._capacity.set()
+            if not self._rounds:
+                self.stats.set_busy(False)
+
+    async def _score(self, completions: list[str], answer: str) -> list[float]:
+        answers = [answer] * len(completions)
+        if self.pool.num_workers > 0:
+            return await self.pool.ascore(completions, answers)
+        # inline scoring would block the loop: run it in a thread (math_reward then uses its own process)
+        return await asyncio.get_running_loop().run_in_executor(None, self.pool.score, completions, answers)
+
+    # ---- control channel ----
+
+    async def _control_loop(self) -> None:
+        while True:
+            msg = await self.client.recv_control()
+            if isinstance(msg, P.VersionUpdate):
+                self.learner_version = max(self.learner_version, msg.version)
+                w = msg.weights
+                if w is not None and w.version > max(self.engine.version, self._pending_version()):
+                    self._pending_weights = w  # the newest wins: intermediate versions are skipped
+                    self._weights_ready.set()
+            elif isinstance(msg, P.Abort):
+                for rid in msg.round_ids:
+                    if rid in self._rounds:
+                        if rid not in self._aborted:
+                            self._aborted.add(rid)
+                            await self.engine.abort(rid)
+                    else:
+                        self._early_aborts[rid] = None
+                        while len(self._early_aborts) > MAX_EARLY_ABORTS:
+                            self._early_aborts.popitem(last=False)
+            elif isinstance(msg, P.Shutdown):
+                self.stop(f"Shutdown from the buffer: {msg.reason}", grace_s=0.0)
+
+    def _pending_version(self) -> int:
+        return -1 if self._pending_weights is None else self._pending_weights.version
+
+    async def _weights_loop(self) -> None:
+        while True:
+            await self._weights_ready.wait()
+            self._weights_ready.clear()
+            w, self._pending_weights = self._pending_weights, None
+            if w is not None:
+                await self._load_weights(w)
+
+    async def _load_weights(self, w: P.WeightAnnouncement) -> None:
+        """Load `w` unless the engine already holds it or newer. A failed load keeps the old weights."""
+        async with self._load_lock:
+            if w.version <= self.engine.version:
+                return
+            try:
+                seconds = await self.engine.load_weights(weights_path(w.uri), w.version)
+            except Exception as exc:  # noqa: BLE001 - keep generating with the weights we have
+                if self.engine.is_dead:
+                    self.stop(f"the engine died loading weights: {exc!r}", grace_s=0.0, exit_code=1)
+                    return
+                self.counts["weight_load_errors"] += 1
+                log.error("could not load weights version %d from %s: %s", w.version, w.uri, exc)
+                return
+        self.counts["weight_loads"] += 1
+        log.info("loaded weights version %d in %.3f s", w.version, seconds)
+        await self._send_heartbeat()  # tell the buffer the new version at once
+
+    # ---- heartbeat ----
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            if self.engine.is_dead:  # noticed here even when no round is running
+                self.counts["engine_errors"] += 1
+                self.stop("the engine processes died", grace_s=0.0, exit_code=1)
+            await self._send_heartbeat()
+
+    async def _send_heartbeat(self) -> None:
+        stats = self.stats.snapshot(
+            running_rounds=len(self._rounds), live_samples=self.engine.live_samples,
+            weight_version=self.engine.version, last_weight_load_s=self.engine.last_load_seconds,
+            learner_version=self.learner_version)
+        await self.client.send(P.Heartbeat(self.id, "producer", self.engine.version, stats))
+
+    # ---- shutdown ----
+
+    async def _drain(self) -> None:
+        """Let running rounds finish within the grace period, abort the rest, wait for their tasks."""
+        tasks = list(self._rounds.values())
+        if tasks and self.grace_s > 0 and not self.engine.is_dead:
+            log.info("waiting up to %.1f s for %d running rounds", self.grace_s, len(tasks))
+            await asyncio.wait(tasks, timeout=self.grace_s)
+        for rid in list(self._rounds):
+            self._aborted.add(rid)
+            if not self.engine.is_dead:
+                await self.engine.abort(rid)
+        tasks = list(self._rounds.values())
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=5.0)
+            for t in pending:
+                t.cancel()
+
+
+def weights_path(uri: str) -> str:
+    """The local file of a WeightAnnouncement uri (a path or file://). tcp:// is not served to producers yet."""
+    if uri.startswith("file://"):
+        return uri[len("file://"):]
+    if "://" in uri:
+        raise ValueError(f"weights uri {uri!r}: this producer loads only local safetensors files (a path or "
+                         "file://); run the producer on the learner's machine or set weights.dir to a shared path")
+    return uri
+
+
+async def _wait_first(*aws: Any, timeout: float) -> None:
+    """Wait until the first of `aws` completes or `timeout` passes; cancel the coroutines still waiting."""
+    tasks = [a if isinstance(a, asyncio.Future) else asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t, a in zip(tasks, aws):
+            if t is not a:  # only the tasks we made; the caller owns futures it passed
+                t.cancel()
+
+
+async def run_producer(cfg: Config, router_url: str, control_url: str, producer_id: str, model_path: str,
+                       *, grace_s: float = 10.0, request_timeout_s: float = 5.0) -> int:
+    """Run one producer until SIGTERM/SIGINT, a Shutdown message or engine death. Returns the exit code."""
+    from pipeline.producer.engine import Engine
+    from pipeline.rewards import RewardPool
+    from pipeline.transport import AsyncBufferClient
+
+    p = cfg.producers
+    stopped: list[str] = []  # a signal during the ~20 s engine start stops the producer right after it
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stopped.append, sig.name)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+    pool = RewardPool(p.reward_workers, p.reward_timeout_s)
+    engine = None
+    client = AsyncBufferClient(router_url, control_url, producer_id, keys_dir=cfg.endpoints.keys_dir)
+    try:
+        engine = await Engine.start(model_path, cfg.model.dtype, p.engine, cfg.sampling, cfg.run.seed)
+        if stopped:
+            log.info("producer %s stopping before its first request: %s", producer_id, stopped[0])
+            return 0
+        producer = Producer(cfg, client, engine, pool, producer_id, grace_s, request_timeout_s)
+        log.info("producer %s ready (model %s, buffer %s)", producer_id, model_path, router_url)
+        return await producer.run()
+    finally:
+        client.close()  # lingers up to 1 s so the last results and heartbeat go out
+        if engine is not None:
+            await engine.shutdown()
+        pool.close()
