@@ -44,9 +44,9 @@ class DataConfig(_Section):
     template: str = "auto"  # "auto" (chat template if any, else plain), "plain", "raw", or "...{problem}..."
     shuffle: bool = True  # shuffle the training prompts once, with the run seed
     num_arithmetic_train: int = 4000  # problems drawn for the built-in task
-    num_arithmetic_eval: int = 200
-    # operand digits drawn for the built-in task
-    arithmetic_levels: list[int] = msgspec.field(default_factory=lambda: [1, 2, 3])
+    num_arithmetic_eval: int = 200  # held-out problems drawn for the built-in task (never in the training set)
+    # operand digits drawn for the built-in task (the tiny model is made for 2: two-digit operands)
+    arithmetic_levels: list[int] = msgspec.field(default_factory=lambda: [2])
     max_prompts: int = 0  # use only the first N training prompts (0 = all)
 
     def __post_init__(self) -> None:
@@ -66,8 +66,8 @@ class SamplingConfig(_Section):
     group_size: int = 4  # n: samples kept per released group
     exit_rule: Literal["balance", "pos", "fixed"] = "balance"  # "fixed" = GRPO: one round of n samples
     positive_threshold: float = 0.5  # a sample is positive when its reward exceeds this
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = 1.0  # sampling temperature (the learner computes log-probs at the same one)
+    top_p: float = 1.0  # nucleus sampling; < 1 renormalises the engine's log-probs, not the learner's: keep 1
     max_new_tokens: int = 2048
 
     def __post_init__(self) -> None:
@@ -103,11 +103,11 @@ class BufferConfig(_Section):
 
 
 class LearnerConfig(_Section):
-    lr: float = 1e-6
+    lr: float = 1e-6  # AdamW learning rate (the paper: 1e-6)
     warmup_steps: int = 0  # linear warm-up of the learning rate
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # AdamW weight decay
     clip_low: float = 0.2  # ratio clipped to [1 - clip_low, 1 + clip_high]
-    clip_high: float = 0.28
+    clip_high: float = 0.28  # upper clip (clip-higher, as in DAPO and the paper)
     dual_clip: float = 10.0  # dual-clip bound c for negative advantages (0 = off)
     entropy_coef: float = 0.0  # entropy bonus (the paper: 1e-4)
     tis_cap: float = 0.0  # truncated importance sampling cap on rho (0 = off)
@@ -115,15 +115,16 @@ class LearnerConfig(_Section):
     batch_prompts: int = 512  # B: groups per learner step (B * n sequences)
     mini_batches: int = 4  # optimizer steps per batch
     micro_batch_tokens: int = 16384  # padded tokens per forward/backward pass (gradient accumulation)
-    grad_clip: float = 1.0
-    backend: Literal["torch", "deepspeed"] = "torch"
+    grad_clip: float = 1.0  # max global gradient norm (0 = off)
+    backend: Literal["torch", "deepspeed"] = "torch"  # torch (one process or DDP) or DeepSpeed ZeRO
     zero_stage: int = 2  # DeepSpeed ZeRO stage (2 or 3)
     num_ranks: int = 1  # learner processes (torchrun --nproc-per-node)
     num_steps: int = 100  # learner steps (batches) before the run ends
     checkpoint_every: int = 50  # steps between checkpoints (0 = only at the end)
     eval_every: int = 10  # steps between held-out evaluations (0 = never)
     batch_timeout_s: float = 600.0  # give up (fatal error) when no batch arrives for this long
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in backward (less memory, ~30% slower)
+    cpu_threads: int = 0  # torch threads of a CPU learner (0 = torch's default: all cores)
 
     def __post_init__(self) -> None:
         _require(self.lr > 0, "learner.lr", "must be > 0")
@@ -144,14 +145,15 @@ class LearnerConfig(_Section):
         _require(self.checkpoint_every >= 0, "learner.checkpoint_every", "must be >= 0")
         _require(self.eval_every >= 0, "learner.eval_every", "must be >= 0")
         _require(self.batch_timeout_s > 0, "learner.batch_timeout_s", "must be > 0")
+        _require(self.cpu_threads >= 0, "learner.cpu_threads", "must be >= 0 (0 = torch's default)")
 
 
 class EngineConfig(_Section):
     dtype: str = "auto"  # vLLM dtype ("auto" = model.dtype)
-    max_model_len: int = 4096
-    gpu_memory_utilization: float = 0.85
-    tensor_parallel_size: int = 1
-    enforce_eager: bool = False
+    max_model_len: int = 4096  # prompt + completion tokens per sequence (clamped to the model's)
+    gpu_memory_utilization: float = 0.85  # share of GPU memory vLLM may take (weights + KV cache)
+    tensor_parallel_size: int = 1  # GPUs per engine
+    enforce_eager: bool = False  # no CUDA graphs / compilation (faster start, slower decode)
     max_num_seqs: int = 256  # concurrent sequences per engine
     cpu_kv_cache_gb: float = 1.0  # KV cache size on the CPU backend (VLLM_CPU_KVCACHE_SPACE)
     cpu_threads: int = 0  # torch threads per CPU engine (0 = let vLLM choose)
@@ -209,7 +211,7 @@ class EndpointsConfig(_Section):
 class RunConfig(_Section):
     name: str = "tiny"  # run directory name under `dir`
     dir: str = "runs"  # parent directory of run directories
-    seed: int = 0
+    seed: int = 0  # seeds the data order, the scheduler, the engines and the learner
     live: bool = True  # rich live view when stdout is a terminal
 
     def __post_init__(self) -> None:

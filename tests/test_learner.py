@@ -316,7 +316,7 @@ def test_main_trains_publishes_announces_and_shuts_down(tiny, groups, tmp_path, 
     assert [r.learner_version for r in requests] == [0, 1] and requests[0].num_groups == 4
     assert isinstance(buf.received[-1], protocol.Shutdown)
     lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in lines] == [1, 2] and lines[0]["buffer/eval/acc"] == 0.25
+    assert [x["step"] for x in lines] == [1, 2] and lines[0]["eval/acc"] == 0.25
     assert lines[1]["num_groups"] == 3
     out = capsys.readouterr().out
     assert "step 1 | reward 0.50 | kept 4/4 | stale 0 |" in out and "kept 3/4 | stale 1 |" in out

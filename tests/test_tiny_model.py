@@ -92,7 +92,7 @@ def _pass_rate_with_generate(model_dir: Path, num: int, seed: int) -> float:
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    examples = make_arithmetic(num, seed=seed)
+    examples = make_arithmetic(num, levels=tm.TASK_LEVELS, seed=seed)
     batch = tok([tm.PROMPT_TEMPLATE.format(problem=ex.problem) for ex in examples], padding=True,
                 padding_side="left", return_tensors="pt")
     torch.manual_seed(seed)

@@ -178,6 +178,10 @@ def batch_stats(groups: list[Group], learner_version: int) -> dict[str, Any]:
         "staleness_max": float(stale.max()),
         "stale_frac": float((stale > 0).mean()),
         "resolved_frac": float(np.mean([g.resolved for g in groups])),
+        # groups holding both a right and a wrong answer (Reinforce-Ada-balance's goal; GRPO's are often not)
+        "mixed_frac": float(np.mean([len({s.reward for s in g.samples}) > 1 for g in groups])),
+        "group_size_min": min(len(g.samples) for g in groups),
+        "group_size_max": max(len(g.samples) for g in groups),
         "pool_size_mean": float(np.mean([g.pool_size for g in groups])),
         "num_rounds_mean": float(np.mean([g.num_rounds for g in groups])),
     }

@@ -103,6 +103,10 @@ def run(cfg, connect: str | None = None, resume: bool = False) -> int:
     from pipeline.transport import BufferClient, parse_connect
 
     lc = cfg.learner
+    if lc.cpu_threads:
+        import torch
+
+        torch.set_num_threads(lc.cpu_threads)  # leave the other cores to the engines on a shared CPU machine
     learner = Learner(cfg)
     rank0 = learner.rank == 0
     learner_id = f"learner-{cfg.run.name}"
@@ -149,7 +153,7 @@ def run(cfg, connect: str | None = None, resume: bool = False) -> int:
             metrics["learner_busy"] = metrics["step_seconds"] / max(1e-9, time.perf_counter() - t_wait)
             if rank0:
                 client.send(protocol.VersionUpdate(learner.version, ann))
-                metrics.update({f"buffer/{k}": v for k, v in batch.metrics.items()})
+                metrics.update(batch.metrics)  # already namespaced by the buffer (buffer/*, eval/*, producers/*)
                 metrics["time"] = time.time()
                 with open(cfg.run_dir / "metrics.jsonl", "a") as f:
                     f.write(json.dumps(metrics) + "\n")

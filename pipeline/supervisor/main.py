@@ -70,6 +70,13 @@ def _wait_for_buffer(router_url: str, control_url: str, buffer, timeout_s: float
         client.close()
 
 
+def _wait_exit(child, timeout_s: float) -> int | None:
+    end = time.monotonic() + timeout_s
+    while child.poll() is None and time.monotonic() < end:
+        time.sleep(0.1)
+    return child.poll()
+
+
 def run(cfg: Config, overrides: list[str], config_path: str | None) -> int:
     from pipeline import protocol as P
     from pipeline.models import resolve_model_path
@@ -133,6 +140,9 @@ def run(cfg: Config, overrides: list[str], config_path: str | None) -> int:
                 raise RunFailed(f"the learner exited with code {code}; last lines of {learner.log_path}:\n"
                                 f"{learner.tail()}")
             if buffer.poll() is not None:
+                # a clean buffer exit follows the learner's Shutdown: give the learner time to exit on its own
+                if buffer.poll() == 0 and _wait_exit(learner, 60.0) == 0:
+                    break
                 raise RunFailed(f"the buffer exited with code {buffer.poll()}; last lines of {buffer.log_path}:\n"
                                 f"{buffer.tail()}")
             for prod in producers:

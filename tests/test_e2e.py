@@ -1,0 +1,66 @@
+"""End to end: `reinforce-ada train` runs the buffer, two real vLLM producers and the learner on the tiny model
+for a few steps, and leaves a complete run directory behind."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).parents[1]
+
+
+def test_train_end_to_end(tmp_path, tiny_model_dir):
+    steps = 4
+    cmd = [sys.executable, "-m", "pipeline.cli", "train", "--config", str(REPO / "configs" / "tiny.toml"),
+           "--run.dir", str(tmp_path), "--run.name", "e2e", "--learner.num_steps", str(steps),
+           "--learner.batch_prompts", "16", "--learner.checkpoint_every", "2", "--learner.eval_every", "2",
+           "--eval.num_problems", "40", "--producers.count", "2", "--endpoints.router_port", "0",
+           "--endpoints.control_port", "0"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    run = tmp_path / "e2e"
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + _logs(run)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))  # versions advance one per step
+    for r in rows:
+        assert r["num_groups"] == 16 and r["num_samples"] == 16 * 4
+        assert r["group_size_min"] == r["group_size_max"] == 4
+        assert r["mixed_frac"] == 1.0  # balance + drop: every trained group has a right and a wrong answer
+        assert r["staleness_max"] <= 1  # buffer.max_staleness in tiny.toml
+        assert r["buffer/producers_alive"] == 2
+    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    assert [e["version"] for e in evals] == [0, 2, 4]
+    assert all(0.0 <= e["accuracy"] <= 1.0 for e in evals)
+    assert (run / "checkpoints" / "latest").exists()
+    assert {p.name for p in (run / "plots").glob("*.png")} >= {"reward.png", "accuracy.png",
+                                                              "samples_per_group.png", "staleness.png",
+                                                              "utilisation.png"}
+    assert (run / "commands.sh").read_text().count("pipeline.cli") == 4  # buffer, 2 producers, learner
+    for name in ("buffer", "producer-0", "producer-1", "learner"):
+        assert (run / "logs" / f"{name}.log").stat().st_size > 0
+    assert "held-out Ave@4" in proc.stdout
+    _assert_no_orphans(run)
+
+
+def _logs(run: Path) -> str:
+    out = []
+    for log in sorted((run / "logs").glob("*.log")) if (run / "logs").is_dir() else []:
+        out.append(f"\n--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-30:]))
+    return "".join(out)
+
+
+def _assert_no_orphans(run: Path) -> None:
+    """No process of this run survives the supervisor (their command lines name the run's config file)."""
+    marker = str(run / "config.toml")
+    left = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if marker in cmdline:
+                left.append(cmdline)
+    assert not left, left
