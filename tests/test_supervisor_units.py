@@ -85,7 +85,7 @@ def test_live_view_renders(tmp_path):
     state.steps = [{"step": 1, "reward_mean": 0.3, "loss": 0.1, "step_seconds": 1.0}]
     state.evals = [{"version": 0, "accuracy": 0.25, "k": 4, "problems": 10}]
     state.buffer = {"active": 3, "released": 5, "samples_per_released_group": 9.5, "rounds_to_exit": {1: 2, 2: 3},
-                    "producers": {"producer-0": {"tokens_per_s": 1200.0, "busy": 0.9, "version": 1}}}
+                    "producers": {"producer-0": {"tokens_per_s": 1200.0, "busy_fraction": 0.9, "version": 1}}}
     state.children = [("producer-0", "running", "0")]
     console = Console(record=True, width=120)
     console.print(render(state))

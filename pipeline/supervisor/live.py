@@ -93,9 +93,9 @@ def render(state: RunState) -> Any:
                  f"ETA {state.eta()}", state.message)
 
     learner = Table(title="learner", expand=True, show_header=False)
-    rewards = [r.get("reward_mean", float("nan")) for r in state.steps]
+    rewards = [r.get("buffer/positive_rate", float("nan")) for r in state.steps]
     accs = [e["accuracy"] for e in state.evals]
-    learner.add_row("reward", f"{rewards[-1]:.3f}" if rewards else "-", sparkline(rewards, lo=0, hi=1))
+    learner.add_row("sample pass rate", f"{rewards[-1]:.3f}" if rewards else "-", sparkline(rewards, lo=0, hi=1))
     learner.add_row("held-out Ave@k", f"{accs[-1]:.3f}" if accs else "-", sparkline(accs, lo=0, hi=1))
     learner.add_row("loss", f"{step.get('loss', float('nan')):+.4f}", "")
     learner.add_row("staleness max", f"{step.get('staleness_max', 0):.0f}", "")
@@ -120,5 +120,5 @@ def render(state: RunState) -> Any:
     for name, pstate, restarts in state.children:
         s = stats.get(name, {})
         prod.add_row(name, pstate, f"{s.get('version', 0):.0f}", f"{s.get('tokens_per_s', 0):.0f}",
-                     f"{100 * s.get('busy', 0):.0f}%", f"{s.get('running', 0):.0f}", restarts)
+                     f"{100 * s.get('busy_fraction', 0):.0f}%", f"{s.get('running_rounds', 0):.0f}", restarts)
     return Group(head, Panel(learner), btable, prod)
