@@ -246,7 +246,13 @@ class Config(_Section):
 
     @property
     def weights_dir(self) -> Path:
-        return Path(self.weights.dir) if self.weights.dir else Path("/dev/shm") / f"reinforce-ada-{self.run.name}"
+        """weights.dir, else a folder in /dev/shm unique to this run directory (two runs never share one)."""
+        if self.weights.dir:
+            return Path(self.weights.dir)
+        import hashlib
+
+        tag = hashlib.blake2b(str(self.run_dir.resolve()).encode(), digest_size=4).hexdigest()
+        return Path("/dev/shm") / f"reinforce-ada-{self.run.name}-{tag}"
 
 
 # ---------------------------------------------------------------- loading

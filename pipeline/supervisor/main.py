@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
 import time
@@ -190,6 +191,8 @@ def run(cfg: Config, overrides: list[str], config_path: str | None) -> int:
         if client is not None:
             client.close()
         stop_all(children)
+        if not cfg.weights.dir:  # the default weights folder lives in /dev/shm (RAM): checkpoints hold the model
+            shutil.rmtree(cfg.weights_dir, ignore_errors=True)
         for s, handler in old.items():
             signal.signal(s, handler)
     state.steps += steps_tail.read()

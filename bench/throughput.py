@@ -1,0 +1,191 @@
+"""The pipeline's speed against plain baselines, in one table: `python -m bench.throughput [--quick]`.
+
+Runs, one after another as subprocesses with modest settings, the component benchmarks that each measure their own
+side-by-side ratio in the same run, then reads the numbers back from the markdown each writes under bench/results/:
+  - bench.buffer_ingest: buffer service samples/s vs raw ZeroMQ PUSH/PULL of the same frames;
+  - bench.producer: producer tokens/s vs vLLM's offline LLM.generate, and the in-place weight load time;
+  - bench.learner: learner tokens/s vs a plain transformers step, weight publish vs memcpy.
+The producer's weight load is set against a memcpy of the same number of bytes (and a read of them from a tmpfs
+file into preallocated memory), measured here. Writes bench/results/throughput.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+# (name, module, arguments, arguments under --quick, markdown it writes)
+BENCHES = [
+    ("buffer ingest", "bench.buffer_ingest", ["--rounds", "1000", "--repeats", "3"],
+     ["--rounds", "500", "--repeats", "1"], "buffer_ingest.md"),
+    ("producer", "bench.producer", ["--prompts", "48", "--reps", "5", "--loads", "10"],
+     ["--prompts", "24", "--reps", "3", "--loads", "5"], "producer.md"),
+    ("learner", "bench.learner", ["--reps", "3"], ["--reps", "2"], "learner.md"),
+]
+
+
+def _num(text: str) -> float:
+    return float(text.replace(",", "").replace("*", "").strip())
+
+
+def _row(md: str, first_cell: str) -> list[str]:
+    """The cells of the markdown table row whose first cell is `first_cell` (bold marks removed)."""
+    for line in md.splitlines():
+        cells = [c.strip().replace("*", "") for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] == first_cell:
+            return cells
+    raise ValueError(f"no table row '{first_cell}' in the benchmark's markdown: was its format changed?")
+
+
+def parse_buffer(md: str) -> list[tuple]:
+    raw = _num(_row(md, "raw ZeroMQ PUSH/PULL, same frames")[1])
+    ours = _num(_row(md, "buffer service (decode, validate, schedule, pool)")[1])
+    return [("buffer ingest (samples/s)", ours, "raw ZeroMQ PUSH/PULL, same frames", raw, ours / raw)]
+
+
+def parse_producer(md: str) -> tuple[list[tuple], dict]:
+    cells = _row(md, "median")
+    rows = [("producer generation (tokens/s)", _num(cells[1]), "vLLM offline LLM.generate", _num(cells[2]),
+             _num(cells[4]))]
+    m = re.search(r"\(`Engine.load_weights`, ([\d.]+) MiB safetensors.*?median ([\d.]+) ms over (\d+) loads "
+                  r"\(min ([\d.]+), max ([\d.]+)\)", md, re.S)
+    load = {"mib": float(m[1]), "ms": float(m[2]), "loads": int(m[3]), "min_ms": float(m[4]),
+            "max_ms": float(m[5])} if m else {}
+    return rows, load
+
+
+def parse_learner(md: str) -> list[tuple]:
+    best_plain = max(_num(_row(md, "plain_masked")[1]), _num(_row(md, "plain_nomask")[1]))
+    rows = []
+    for name, label in (("learner", "learner step (tokens/s, wall)"),
+                        ("learner_micro4096", "learner step, micro_batch_tokens 4096 (tokens/s, wall)")):
+        cells = _row(md, name)
+        rows.append((label + f"; CPU-time ratio {cells[5]}", _num(cells[1]),
+                     "plain transformers step (faster of masked / no mask)", best_plain, _num(cells[3])))
+    for name, label in (("bench model fp32", "weight publish, bench model fp32"),
+                        ("synthetic 16 x 4096^2 bf16", "weight publish, 512 MiB bf16")):
+        cells = _row(md, name)
+        pub, pre, fresh = _num(cells[3]), _num(cells[4]), _num(cells[5])
+        rows.append((f"{label} ({_num(cells[1]):.0f} MiB, MiB/s)", pub, "copy into new memory", fresh, pub / fresh))
+        rows.append((f"{label} ({_num(cells[1]):.0f} MiB, MiB/s)", pub, "memcpy into preallocated memory", pre,
+                     pub / pre))
+    return rows
+
+
+def copy_baselines(mib: float, reps: int = 50) -> dict:
+    """Median ms to memcpy `mib` MiB into preallocated memory, and to read them from a tmpfs file into it."""
+    nbytes = int(mib * 2**20)
+    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    memcpy, read = [], []
+    with tempfile.NamedTemporaryFile(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as f:
+        f.write(src.tobytes())
+        f.flush()
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            np.copyto(dst, src)
+            memcpy.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            with open(f.name, "rb", buffering=0) as fh:
+                fh.readinto(memoryview(dst))
+            read.append(time.perf_counter() - t0)
+    return {"memcpy_ms": 1e3 * statistics.median(memcpy), "read_ms": 1e3 * statistics.median(read)}
+
+
+def run_bench(module: str, args: list[str], timeout: float) -> tuple[int | str, float, str]:
+    """Run one benchmark module; (exit code, seconds, last lines of its output)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        code: int | str = proc.returncode
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # the benchmarks stop their own engines and children on SIGTERM
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        code = "timeout"
+    return code, time.monotonic() - t0, "\n".join((out or "").splitlines()[-10:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer reps and smaller inputs (about 3 min)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds before one benchmark is abandoned")
+    ap.add_argument("--out", default=str(RESULTS / "throughput.md"))
+    args = ap.parse_args(argv)
+    t_all = time.monotonic()
+    rows: list[tuple] = []
+    lines_run, failures, load = [], [], {}
+    for name, module, full, quick, md_name in BENCHES:
+        bench_args = quick if args.quick else full
+        cmd = f"python -m {module} {' '.join(bench_args)}"
+        print(f"--- {name}: {cmd}", flush=True)
+        code, seconds, tail = run_bench(module, bench_args, args.timeout)
+        lines_run.append(f"{cmd}   # exit {code}, {seconds:.0f} s")
+        print(f"--- {name}: exit {code} in {seconds:.0f} s", flush=True)
+        if code != 0:
+            failures.append((name, code, tail))
+            print(tail, flush=True)
+            continue
+        md = (RESULTS / md_name).read_text()
+        try:
+            if module == "bench.buffer_ingest":
+                rows += parse_buffer(md)
+            elif module == "bench.producer":
+                prod_rows, load = parse_producer(md)
+                rows += prod_rows
+            else:
+                rows += parse_learner(md)
+        except ValueError as exc:
+            failures.append((name, "unparsed", str(exc)))
+    if load:
+        base = copy_baselines(load["mib"])
+        rows.append((f"producer in-place weight load ({load['mib']} MiB, ms; lower is better)", load["ms"],
+                     "memcpy of the same bytes", base["memcpy_ms"], base["memcpy_ms"] / load["ms"]))
+        rows.append((f"producer in-place weight load ({load['mib']} MiB, ms; lower is better)", load["ms"],
+                     "read from a tmpfs file into preallocated memory", base["read_ms"], base["read_ms"] / load["ms"]))
+    command = "python -m bench.throughput " + " ".join(sys.argv[1:] if argv is None else argv)
+    total = time.monotonic() - t_all
+    text = ["# Throughput: the pipeline's parts against plain baselines", "",
+            f"Command: `{command.strip()}` ({total / 60:.1f} min in all, on {os.cpu_count()} shared CPU cores). "
+            "It ran, one after another:", "", "```", *lines_run, "```", "",
+            "Each benchmark measures ours and its baseline side by side in the same run (interleaved reps); the "
+            "details are in buffer_ingest.md, producer.md and learner.md. Ratio = ours / baseline as throughput "
+            "(for the weight load, baseline time / our time): 1.00 = as fast as the baseline.", "",
+            "| component | ours | baseline | baseline value | ratio |", "|---|---:|---|---:|---:|"]
+    for comp, ours, base_name, base, ratio in rows:
+        fmt = ".1f" if ours < 100 else ",.0f"
+        bfmt = ".3f" if base < 1 else ".2f" if base < 10 else (".1f" if base < 100 else ",.0f")
+        text.append(f"| {comp} | {ours:{fmt}} | {base_name} | {base:{bfmt}} | {ratio:.2f} |" if ratio >= 0.1 else
+                    f"| {comp} | {ours:{fmt}} | {base_name} | {base:{bfmt}} | {ratio:.3f} (1/{1 / ratio:.0f}) |")
+    if load:
+        text += ["", f"Weight load: median of {load['loads']} in-place loads (min {load['min_ms']} ms, max "
+                 f"{load['max_ms']} ms) of the producer benchmark's model: file read, copy into the engine's "
+                 "parameters, prefix-cache reset, and the round trip through vLLM's engine-core process. The "
+                 "baselines copy the same number of bytes in this process (median of 50)."]
+    for name, code, tail in failures:
+        text += ["", f"**{name} failed ({code})**; last lines of its output:", "", "```", tail, "```"]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("\n".join(text) + "\n")
+    print("\n".join(text))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
