@@ -3,9 +3,13 @@ a producer whose "engine" returns random tokens with rewards drawn from a per-pr
 generation time, and a learner that takes batches, checks them, and bumps the version.
 
 They speak the real wire protocol to a real buffer process over real ZeroMQ sockets; only the model is scripted.
+Both survive a buffer restart: a request without a reply within --request-timeout is sent again (ZeroMQ
+reconnects by itself), and the learner announces its version again before each retry.
 
     python -m bench.scripted producer --connect 127.0.0.1:5555 --id p0 --round-seconds 0.05
     python -m bench.scripted learner --connect 127.0.0.1:5555 --steps 5 --batch 8 --out summary.json
+
+The helpers at the end start a real buffer process and probe it (used by tests/ and bench/soak.py).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import argparse
 import hashlib
 import json
 import signal
+import subprocess
 import sys
 import time
 
@@ -35,43 +40,62 @@ def pass_rate(prompt: str, seed: int = 0) -> float:
 
 
 def run_producer(connect: str, producer_id: str, round_seconds: float = 0.0, max_rounds: int = 16,
-                 tokens: int = 16, seed: int = 0, control_port: int | None = None, vocab: int = 32) -> dict:
-    """Serve rounds until the buffer shuts down (or SIGTERM). Returns counters."""
+                 tokens: int = 16, seed: int = 0, control_port: int | None = None, vocab: int = 32,
+                 request_timeout_s: float = 5.0, heartbeat_s: float = 1.0, ignore_aborts: bool = False,
+                 keys_dir: str = "") -> dict:
+    """Serve rounds until the buffer shuts down (or SIGTERM). Returns counters (`rounds` = results sent).
+
+    Every assignment "generates" for `round_seconds` (its rounds run concurrently, as in an engine), sending
+    heartbeats and reading aborts meanwhile. `ignore_aborts` plays a producer whose control channel lags: it
+    sends every result, so results of expired rounds reach the buffer late. The scripted engine loads new
+    weights instantly: it adopts every learner version it hears of (VersionUpdate or an Assignments reply).
+    """
     router_url, control_url = parse_connect(connect, control_port)
-    client = BufferClient(router_url, control_url, producer_id)
-    rng = np.random.default_rng(abs(hash(producer_id)) % 2**32 + seed)
-    version = 0
-    counts = {"rounds": 0, "samples": 0, "aborted": 0}
-    stop = {"flag": False}
-    signal.signal(signal.SIGTERM, lambda *a: stop.__setitem__("flag", True))
+    client = BufferClient(router_url, control_url, producer_id, keys_dir)
+    rng = np.random.default_rng(int.from_bytes(hashlib.blake2b(producer_id.encode(), digest_size=4).digest(),
+                                               "little") + seed)
+    state = {"version": 0, "stop": False, "last_beat": 0.0}
+    counts = {"rounds": 0, "samples": 0, "aborted": 0, "assignments": 0, "request_timeouts": 0}
+    signal.signal(signal.SIGTERM, lambda *a: state.__setitem__("stop", True))
     aborted: set[int] = set()
-    last_beat = 0.0
+
+    def control(wait_s: float = 0.0) -> None:
+        for msg in client.poll_control(wait_s):
+            if isinstance(msg, P.VersionUpdate):
+                state["version"] = max(state["version"], msg.version)
+            elif isinstance(msg, P.Abort) and not ignore_aborts:
+                aborted.update(msg.round_ids)
+            elif isinstance(msg, P.Shutdown):
+                state["stop"] = True
+        now = time.monotonic()
+        if now - state["last_beat"] >= heartbeat_s:
+            state["last_beat"] = now
+            client.send(P.Heartbeat(producer_id, "producer", state["version"], {"busy": 1.0, "running": 0.0}))
+
     try:
-        while not stop["flag"]:
-            for msg in client.poll_control():
-                if isinstance(msg, P.VersionUpdate):
-                    version = max(version, msg.version)
-                elif isinstance(msg, P.Abort):
-                    aborted.update(msg.round_ids)
-                elif isinstance(msg, P.Shutdown):
-                    stop["flag"] = True
-            if stop["flag"]:
+        while not state["stop"]:
+            control()
+            if state["stop"]:
                 break
-            now = time.monotonic()
-            if now - last_beat > 1.0:
-                last_beat = now
-                client.send(P.Heartbeat(producer_id, "producer", version, {"busy": 1.0, "running": 0.0}))
-            reply = client.request(P.WorkRequest(producer_id, max_rounds, version), P.Assignments, 5.0)
-            if reply is None:
+            reply = client.request(P.WorkRequest(producer_id, max_rounds, state["version"]), P.Assignments,
+                                   request_timeout_s)
+            if reply is None:  # the buffer is down or restarting: ask again (ZeroMQ reconnects by itself)
+                counts["request_timeouts"] += 1
                 continue
-            if reply.weights is not None:
-                version = max(version, reply.weights.version)
+            state["version"] = max(state["version"], reply.learner_version,
+                                   reply.weights.version if reply.weights is not None else 0)
             if not reply.rounds:
                 continue
-            if round_seconds:
-                time.sleep(round_seconds)  # all rounds of one assignment "run" concurrently, as in an engine
+            counts["assignments"] += 1
+            version = state["version"]  # the weights the round starts with (the sample's oldest version)
+            end = time.monotonic() + round_seconds
+            while (left := end - time.monotonic()) > 0 and not state["stop"]:
+                control(min(left, heartbeat_s / 2, 0.1))
             for rnd in reply.rounds:
+                if state["stop"]:
+                    break
                 if rnd.round_id in aborted:
+                    aborted.discard(rnd.round_id)
                     counts["aborted"] += 1
                     continue
                 p = pass_rate(rnd.prompt, seed)
@@ -86,29 +110,50 @@ def run_producer(connect: str, producer_id: str, round_seconds: float = 0.0, max
                 counts["rounds"] += 1
                 counts["samples"] += len(samples)
     finally:
-        client.close()
+        client.close()  # lingers until queued results are sent
     return counts
 
 
 def run_learner(connect: str, steps: int, batch: int, train_seconds: float = 0.0, max_staleness: int = 1,
                 group_size: int = 4, control_port: int | None = None, timeout_s: float = 120.0,
-                shutdown: bool = True) -> dict:
-    """Take `steps` batches, check every group, bump the version after each; returns a summary."""
+                shutdown: bool = True, request_timeout_s: float = 10.0, duration_s: float = 0.0,
+                keys_dir: str = "") -> dict:
+    """Take `steps` batches (or stop after `duration_s` > 0), check every group, bump the version after each.
+
+    A BatchRequest without a reply within `request_timeout_s` is sent again on a fresh socket, after the
+    current VersionUpdate (a restarted buffer may have lost both). A Batch for another version (the late reply
+    to an earlier request) is not trained: its groups are counted in `late_groups` / `late_prompt_ids`.
+    Returns a summary.
+    """
     router_url, control_url = parse_connect(connect, control_port)
-    client = BufferClient(router_url, control_url, "scripted-learner")
+    client = BufferClient(router_url, control_url, "scripted-learner", keys_dir)
     version = 0
+    wait_ms = int(min(2000.0, request_timeout_s * 500))  # the buffer answers (maybe empty) well within the timeout
     summary: dict = {"steps": 0, "groups": 0, "bad_group_size": 0, "max_staleness_seen": 0, "mixed_groups": 0,
                      "resolved_groups": 0, "resolved_mixed": 0, "step_seconds": [], "wait_seconds": [],
-                     "versions": [], "prompt_ids": []}
+                     "versions": [], "prompt_ids": [], "retries": 0, "late_groups": 0, "late_prompt_ids": []}
+    start = time.monotonic()
+    out_of_time = lambda: duration_s > 0 and time.monotonic() - start > duration_s  # noqa: E731
     try:
         for _ in range(steps):
             t0 = time.monotonic()
             groups: list = []
-            while not groups:
+            while not groups and not out_of_time():
                 if time.monotonic() - t0 > timeout_s:
                     raise TimeoutError(f"no batch within {timeout_s} s at version {version}")
-                reply = client.request(P.BatchRequest("scripted-learner", version, batch, 2000), P.Batch, 10.0)
-                groups = reply.groups if reply is not None else []
+                reply = client.request(P.BatchRequest("scripted-learner", version, batch, wait_ms), P.Batch,
+                                       request_timeout_s)
+                if reply is None:  # the buffer may be restarting: one fresh request, not a queue of them
+                    summary["retries"] += 1
+                    client.reconnect()
+                    client.send(P.VersionUpdate(version))  # idempotent; a restarted buffer may not know it
+                elif reply.learner_version != version:
+                    summary["late_groups"] += len(reply.groups)
+                    summary["late_prompt_ids"] += [g.prompt_id for g in reply.groups]
+                else:
+                    groups = reply.groups
+            if not groups:
+                break
             waited = time.monotonic() - t0
             for g in groups:
                 summary["groups"] += 1
@@ -129,7 +174,11 @@ def run_learner(connect: str, steps: int, batch: int, train_seconds: float = 0.0
             summary["versions"].append(version)
             summary["wait_seconds"].append(waited)
             summary["step_seconds"].append(time.monotonic() - t0)
-        snap = client.request(P.MetricsRequest("scripted-learner"), P.MetricsSnapshot, 5.0)
+        snap = None
+        for _ in range(3):
+            snap = client.request(P.MetricsRequest("scripted-learner"), P.MetricsSnapshot, 5.0)
+            if snap is not None:
+                break
         summary["buffer"] = snap.metrics if snap is not None else {}
         if shutdown:
             client.send(P.Shutdown("scripted learner finished"))
@@ -153,20 +202,101 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--train-seconds", type=float, default=0.0)
     parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--request-timeout", type=float, default=None,
+                        help="seconds to wait for a reply before asking again (producer 5, learner 10)")
+    parser.add_argument("--heartbeat", type=float, default=1.0, help="producer heartbeat interval in seconds")
+    parser.add_argument("--ignore-aborts", action="store_true", help="producer: send results of aborted rounds")
+    parser.add_argument("--duration", type=float, default=0.0, help="learner: stop after this many seconds")
+    parser.add_argument("--no-shutdown", action="store_true", help="learner: leave the buffer running at the end")
+    parser.add_argument("--keys-dir", default="", help="CurveZMQ keys directory (see `reinforce-ada keys`)")
     parser.add_argument("--out", help="write the summary JSON here")
     args = parser.parse_args(argv)
     if args.role == "producer":
         result = run_producer(args.connect, args.id, args.round_seconds, args.max_rounds, args.tokens,
-                              control_port=args.control_port, vocab=args.vocab)
+                              control_port=args.control_port, vocab=args.vocab,
+                              request_timeout_s=args.request_timeout or 5.0, heartbeat_s=args.heartbeat,
+                              ignore_aborts=args.ignore_aborts, keys_dir=args.keys_dir)
     else:
         result = run_learner(args.connect, args.steps, args.batch, args.train_seconds,
-                             group_size=args.group_size, control_port=args.control_port)
+                             group_size=args.group_size, control_port=args.control_port,
+                             shutdown=not args.no_shutdown, request_timeout_s=args.request_timeout or 10.0,
+                             duration_s=args.duration, keys_dir=args.keys_dir)
     text = json.dumps(result)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
     print(text[:2000])
     return 0
+
+
+# ---------------------------------------------------------------- real processes for tests and benchmarks
+
+
+def buffer_command(port: int, run_dir, *overrides: str, batch: int = 8) -> list[str]:
+    """`reinforce-ada buffer` on 127.0.0.1:port (control port + 1) with the built-in arithmetic prompts."""
+    return [sys.executable, "-m", "pipeline.cli", "buffer", "--model", "unused",
+            "--endpoints.router_port", str(port), "--endpoints.control_port", str(port + 1),
+            "--run.dir", str(run_dir), "--data.template", "{problem}=", "--learner.batch_prompts", str(batch),
+            "--learner.mini_batches", "1", "--learner.eval_every", "0", *overrides]
+
+
+def scripted_command(role: str, port: int, *args: str) -> list[str]:
+    """This module as a process: a scripted producer or learner connected to 127.0.0.1:port."""
+    return [sys.executable, "-m", "bench.scripted", role, "--connect", f"127.0.0.1:{port}", *args]
+
+
+def start(cmd: list[str], log_path=None) -> subprocess.Popen:
+    """Start `cmd` with its output in `log_path` (or discarded)."""
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    finally:
+        if log_path:
+            out.close()
+
+
+def buffer_metrics(port: int, timeout_s: float = 2.0, identity: str = "probe", keys_dir: str = "") -> dict | None:
+    """The buffer's MetricsSnapshot at 127.0.0.1:port, or None when it does not answer within `timeout_s`."""
+    client = BufferClient(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}", identity, keys_dir)
+    try:
+        snap = client.request(P.MetricsRequest(identity), P.MetricsSnapshot, timeout_s)
+        return snap.metrics if snap is not None else None
+    finally:
+        client.close()
+
+
+def wait_for_buffer(port: int, timeout_s: float = 30.0, until=None, proc: subprocess.Popen | None = None) -> dict:
+    """Poll the buffer until it answers (and `until(metrics)` holds); returns the metrics or raises TimeoutError."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the buffer exited with code {proc.returncode}")
+        m = buffer_metrics(port, 1.0)
+        if m is not None and (until is None or until(m)):
+            return m
+        time.sleep(0.1)
+    raise TimeoutError(f"the buffer on port {port} did not get there within {timeout_s} s")
+
+
+def send_shutdown(port: int, reason: str = "done") -> None:
+    client = BufferClient(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}", "stopper")
+    try:
+        client.send(P.Shutdown(reason))
+    finally:
+        client.close()
+
+
+def prompts_accounted(m: dict) -> bool:
+    """The scheduler's conservation law: every admitted prompt is released, dropped or still active."""
+    return m["admitted"] == m["released"] - m["reopened"] + m["dropped_unresolved"] + \
+        m["dropped_zero_variance"] + m["active"]
+
+
+def results_received(m: dict, round_size: int = 8) -> int:
+    """Results that reached the scheduler: accepted (samples_received / round_size), ignored and rejected.
+    OOV rejections reach it too (as wrong-size results), so they are already in results_rejected/ignored."""
+    assert m["samples_received"] % round_size == 0, "accepted rounds all have round_size samples"
+    return m["samples_received"] // round_size + sum(m["results_ignored"].values()) + m["results_rejected"]
 
 
 if __name__ == "__main__":

@@ -6,12 +6,21 @@ Socket layout (the buffer binds both):
 - PUB `tcp://host:control_port`: the control channel (VersionUpdate, Abort, Shutdown) to every client's SUB.
 
 Security invariant: the buffer binds a non-loopback interface only with CurveZMQ keys, and then accepts only
-clients whose public key lies in `keys_dir/authorized/`. Nothing on the wire is unpickled (see protocol.py).
+clients whose public key lies in `keys_dir/authorized/` (on both sockets: a client without an authorized key gets
+neither replies nor control messages). Nothing on the wire is unpickled (see protocol.py).
+
+Reconnection: clients connect (the buffer binds), so a restarted buffer on the same ports is found again by
+ZeroMQ's reconnect; messages sent while it was down wait in the client's queue and are delivered after it returns
+(requests whose replies were lost must be re-sent by the caller after a timeout). ZMTP heartbeats on every socket
+drop a connection whose peer vanished without closing it (a dead machine, a cut cable) within
+HEARTBEAT_TIMEOUT_MS, so the reconnect starts then instead of when TCP gives up (minutes).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import itertools
 import logging
 import os
 import shutil
@@ -29,6 +38,15 @@ log = logging.getLogger(__name__)
 
 SERVER_KEY = "server"
 CLIENT_KEY = "client"
+HEARTBEAT_IVL_MS = 1000  # ZMTP ping interval on every socket
+HEARTBEAT_TIMEOUT_MS = 10_000  # no traffic (pongs included) for this long: the connection is dropped and re-made
+# refusals after which ZeroMQ stops reconnecting (EVENT_HANDSHAKE_FAILED_NO_DETAIL is left out: it also comes
+# from a connection cut mid-handshake, e.g. by a buffer restart, and from a wrong server key, and ZeroMQ retries)
+_HANDSHAKE_FAILURES = {
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "security mechanism mismatch: keys on one side only",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "this client's public key is not in the buffer's keys_dir/authorized/",
+}
+_monitor_ids = itertools.count()
 
 
 class SecurityError(ValueError):
@@ -159,36 +177,105 @@ def parse_connect(spec: str, control_port: int | None = None) -> tuple[str, str]
     return f"tcp://{host}:{port}", f"tcp://{host}:{cport}"
 
 
-def _setup_client(router: zmq.Socket, control: zmq.Socket, identity: str, keys_dir: str) -> None:
+def apply_heartbeats(sock: zmq.Socket) -> None:
+    """ZMTP heartbeats: detect a peer that vanished without closing the connection (see the module docstring)."""
+    sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
+
+
+def _setup_dealer(router: zmq.Socket, identity: str, keys_dir: str) -> None:
     router.setsockopt(zmq.IDENTITY, identity.encode())
     router.setsockopt(zmq.LINGER, 2000)
     router.setsockopt(zmq.RECONNECT_IVL, 100)
     router.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
     # a restarted buffer must not receive a flood of requests queued while it was down
     router.setsockopt(zmq.SNDHWM, 10_000)
+    apply_heartbeats(router)
+    apply_client_keys(router, keys_dir)
+
+
+def _setup_client(router: zmq.Socket, control: zmq.Socket, identity: str, keys_dir: str) -> None:
+    _setup_dealer(router, identity, keys_dir)
     control.setsockopt(zmq.LINGER, 0)
     control.setsockopt(zmq.SUBSCRIBE, b"")
-    apply_client_keys(router, keys_dir)
+    control.setsockopt(zmq.RECONNECT_IVL, 100)
+    control.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+    apply_heartbeats(control)
     apply_client_keys(control, keys_dir)
 
 
+class _HandshakeWatch:
+    """Turns a refused CurveZMQ handshake into a SecurityError. ZeroMQ does not reconnect after one, so without
+    this the client's next send would block forever without a word. (A wrong *server* key cannot be told apart
+    from a buffer that is down: the client just never gets a reply.)"""
+
+    def __init__(self, sock: zmq.Socket, url: str) -> None:
+        self.sock, self.url = sock, url
+        addr = f"inproc://handshake-watch-{os.getpid()}-{next(_monitor_ids)}"
+        sock.monitor(addr, sum(_HANDSHAKE_FAILURES))
+        # a plain (blocking) socket on the same context also serves asyncio clients: it is only polled with 0
+        self.mon = zmq.Context.shadow(sock.context.underlying).socket(zmq.PAIR)
+        self.mon.connect(addr)
+
+    def check(self) -> None:
+        """Raise SecurityError if the buffer refused this client's handshake since the last check."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        while self.mon.poll(0):
+            event = recv_monitor_message(self.mon)["event"]
+            if event in _HANDSHAKE_FAILURES:
+                raise SecurityError(
+                    f"the buffer at {self.url} refused this client ({_HANDSHAKE_FAILURES[event]}). Use the buffer's "
+                    "keys: copy the directory made by `reinforce-ada keys --out DIR` to this machine and set "
+                    "endpoints.keys_dir = DIR (or no keys on either side, on loopback)"
+                )
+
+    def close(self) -> None:
+        self.sock.disable_monitor()
+        self.mon.close(linger=0)
+
+
 class BufferClient:
-    """Blocking client of the buffer (the learner, scripts and tests)."""
+    """Blocking client of the buffer (the learner, scripts and tests). Raises SecurityError once the buffer
+    refuses its keys (see `_HandshakeWatch`); otherwise a buffer that is down just means no reply yet."""
 
     def __init__(self, router_url: str, control_url: str, identity: str, keys_dir: str = "") -> None:
         self.identity = identity
+        self.router_url = router_url
+        self.keys_dir = keys_dir
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.control = self.ctx.socket(zmq.SUB)
         _setup_client(self.sock, self.control, identity, keys_dir)
+        self._watch = _HandshakeWatch(self.sock, router_url)
         self.sock.connect(router_url)
         self.control.connect(control_url)
         self._enc = protocol.Encoder()
         self._dec = protocol.Decoder(protocol.ToLearner | protocol.ToProducer)
         self._ctl = protocol.Decoder(protocol.Control)
 
+    def reconnect(self) -> None:
+        """Replace the request socket, dropping what it still queues (ZeroMQ's "lazy pirate" retry): after a
+        request timed out, re-sending on a fresh socket leaves one request outstanding, not a backlog that a
+        restarted buffer would answer one by one. Fire-and-forget messages queued meanwhile are dropped too."""
+        self._watch.close()
+        self.sock.close(linger=0)
+        self.sock = self.ctx.socket(zmq.DEALER)
+        _setup_dealer(self.sock, self.identity, self.keys_dir)
+        self._watch = _HandshakeWatch(self.sock, self.router_url)
+        self.sock.connect(self.router_url)
+
     def send(self, msg: Any) -> None:
-        self.sock.send_multipart(self._enc.encode(msg), copy=False)
+        """Queue `msg` for the buffer; waits only while the queue is full (raises SecurityError if refused)."""
+        frames = self._enc.encode(msg)
+        while True:
+            try:
+                self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:  # queue full, or no connection at all after a refused handshake
+                self._watch.check()
+                self.sock.poll(100, zmq.POLLOUT)
 
     def recv(self, timeout_s: float) -> Any | None:
         """The next reply, or None after `timeout_s`. Malformed replies are logged and skipped."""
@@ -214,6 +301,7 @@ class BufferClient:
             if reply is not None:
                 log.warning("skipping an unexpected %s while waiting for %s", type(reply).__name__,
                             reply_type.__name__)
+        self._watch.check()  # no reply: say so if it is because the buffer refused our keys
         return None
 
     def poll_control(self, timeout_s: float = 0.0) -> list[Any]:
@@ -230,6 +318,7 @@ class BufferClient:
         return out
 
     def close(self) -> None:
+        self._watch.close()
         self.sock.close(linger=500)
         self.control.close(linger=0)
         self.ctx.term()
@@ -244,6 +333,7 @@ class AsyncBufferClient:
         self.sock = self.ctx.socket(zmq.DEALER)
         self.control = self.ctx.socket(zmq.SUB)
         _setup_client(self.sock, self.control, identity, keys_dir)
+        self._watch = _HandshakeWatch(self.sock, router_url)
         self.sock.connect(router_url)
         self.control.connect(control_url)
         self._enc = protocol.Encoder()
@@ -251,11 +341,22 @@ class AsyncBufferClient:
         self._ctl = protocol.Decoder(protocol.Control)
 
     async def send(self, msg: Any) -> None:
-        await self.sock.send_multipart(self._enc.encode(msg), copy=False)
+        """Queue `msg` for the buffer; waits only while the queue is full (raises SecurityError if refused)."""
+        frames = self._enc.encode(msg)
+        while True:
+            try:
+                await self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:  # queue full, or no connection at all after a refused handshake
+                self._watch.check()
+                await asyncio.sleep(0.01)
 
     async def recv(self) -> Any:
-        """The next well-formed reply (malformed ones are logged and skipped)."""
+        """The next well-formed reply (malformed ones are logged and skipped). Raises SecurityError if refused."""
         while True:
+            if not await self.sock.poll(1000):
+                self._watch.check()
+                continue
             frames = await self.sock.recv_multipart(copy=False)
             try:
                 return self._dec.decode(frames)
@@ -271,6 +372,7 @@ class AsyncBufferClient:
                 log.warning("dropping a malformed control message: %s", exc)
 
     def close(self) -> None:
+        self._watch.close()
         self.sock.close(linger=1000)
         self.control.close(linger=0)
         self.ctx.term()

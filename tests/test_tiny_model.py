@@ -82,7 +82,7 @@ def test_build_rejects_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="max_steps"):
         tm.build_tiny_model(tmp_path, max_steps=0)
     with pytest.raises(ValueError, match="level_weights"):
-        tm.build_tiny_model(tmp_path, level_weights=(1.0,))
+        tm.build_tiny_model(tmp_path, level_weights=(1.0, 2.0))  # one weight per level: (2,) has one
 
 
 def _pass_rate_with_generate(model_dir: Path, num: int, seed: int) -> float:

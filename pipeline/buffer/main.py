@@ -1,11 +1,19 @@
-"""`reinforce-ada buffer`: load the prompts, bind the sockets, serve until the learner says it is done."""
+"""`reinforce-ada buffer`: load the prompts, bind the sockets, serve until the learner says it is done.
+
+    reinforce-ada buffer --config FILE [--model DIR] [--resume] [--snapshot-every N] [--section.key VALUE ...]
+
+Exit codes: 0 after a Shutdown, 2 for a bad config, a refused bind (non-loopback without CurveZMQ keys), ports
+in use or an unusable snapshot; the message says which and how to fix it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import random
 import sys
+from pathlib import Path
 
 from pipeline.config import Config, ConfigError, load_config
 
@@ -53,26 +61,60 @@ def build_prompts(cfg: Config, model_dir: str) -> tuple[list[tuple[str, str]], l
     return [render(ex) for ex in train], [render(ex) for ex in evals]
 
 
+def read_vocab_size(model_dir: str) -> int | None:
+    """`vocab_size` from the model directory's config.json (top level, else text_config), or None without one."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} is not readable JSON ({exc}); point --model at a Hugging Face model "
+                         "directory") from None
+    for section in (config, config.get("text_config") or {}):
+        size = section.get("vocab_size") if isinstance(section, dict) else None
+        if isinstance(size, int) and size > 0:
+            return size
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    from pipeline.buffer.service import SNAPSHOT_EVERY
+
     parser = argparse.ArgumentParser(prog="reinforce-ada buffer", description="Run the rollout buffer service.")
     parser.add_argument("--config", help="TOML config (default: built-in defaults)")
-    parser.add_argument("--model", help="model directory (for the tokenizer's chat template); default model.path")
+    parser.add_argument("--model", help="model directory (the tokenizer's chat template, and vocab_size from its "
+                                        "config.json to reject out-of-vocabulary token ids); default model.path")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from run_dir/buffer/snapshot.msgpack (a fresh start when there is none)")
+    parser.add_argument("--snapshot-every", type=int, default=SNAPSHOT_EVERY, metavar="N",
+                        help=f"write the snapshot after every N-th learner version (0 = never; default "
+                             f"{SNAPSHOT_EVERY})")
     args, overrides = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s buffer %(levelname)s %(message)s")
     try:
+        if args.snapshot_every < 0:
+            raise ValueError(f"--snapshot-every must be >= 0 (0 = never), got {args.snapshot_every}")
         cfg = load_config(args.config, overrides)
+        from pipeline.transport import check_bind
+
+        check_bind(cfg.endpoints.host, cfg.endpoints.keys_dir)  # before any slow loading: refuse at once
         from pipeline.models import prompt_template, resolve_model_path
 
         model_dir = args.model or resolve_model_path(cfg, build=prompt_template(cfg) == "auto")
+        vocab_size = read_vocab_size(model_dir)
         prompts, eval_prompts = build_prompts(cfg, model_dir)
+        from pipeline.buffer.service import BufferService
+
+        # SecurityError (missing keys) and snapshot errors are ValueErrors, a port in use is an OSError
+        service = BufferService(cfg, prompts, eval_prompts, snapshot_every=args.snapshot_every,
+                                resume=args.resume, vocab_size=vocab_size)
     except (ConfigError, ValueError, OSError) as exc:
         print(f"buffer: {exc}", file=sys.stderr)
         return 2
-    from pipeline.buffer.service import BufferService
-
-    service = BufferService(cfg, prompts, eval_prompts)
-    logging.info("serving %d training prompts (%d eval) on %s, control %s", len(prompts), len(eval_prompts),
-                 service.router_url, service.control_url)
+    logging.info("serving %d training prompts (%d eval) on %s, control %s; token ids checked against vocab_size "
+                 "%s", len(prompts), len(eval_prompts), service.router_url, service.control_url,
+                 vocab_size if vocab_size is not None else "(unknown: not checked)")
     try:
         reason = service.serve()
     except KeyboardInterrupt:
