@@ -429,7 +429,7 @@ def test_empty_or_repeatedly_rejected_results_give_up_on_the_prompt():
     a, b = s.request_work("p", 2, 0.0)
     out = s.submit_result("p", a.round_id, TOK, [], now=1.0)  # the producer cannot serve this prompt
     assert out.status == "rejected" and out.dropped
-    for i in range(MAX_REJECTIONS):
+    for _ in range(MAX_REJECTIONS):
         (rb,) = [r for r in s.request_work("p", 2, 0.0) if r.prompt_id == b.prompt_id] or [b]
         out = s.submit_result("p", rb.round_id, TOK, rounds([1, 0]), now=1.0)  # wrong count: 2 of 4
         assert out.status == "rejected"

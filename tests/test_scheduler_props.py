@@ -47,7 +47,8 @@ def configs(draw):
 _idx = st.integers(0, 1000)
 _req = st.tuples(st.just("req"), st.integers(0, 2), st.integers(1, 3))
 # (sub, which pending round, reward seed (0-2: all equal rewards, the zero-variance cases), version lag)
-_sub = st.tuples(st.just("sub"), _idx, st.one_of(st.integers(0, 2), st.integers(3, 2**16)), st.sampled_from([0, 0, 0, 1, 2]))
+_sub = st.tuples(st.just("sub"), _idx, st.one_of(st.integers(0, 2), st.integers(3, 2**16)),
+                 st.sampled_from([0, 0, 0, 1, 2]))
 EVENT = st.one_of(  # weighted toward requests and results so that prompts really flow through
     _req, _req, _req,
     _sub, _sub, _sub, _sub, _sub,

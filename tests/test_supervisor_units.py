@@ -13,7 +13,8 @@ from pipeline.supervisor.procs import Child, stop_all, write_commands
 # a child that starts a grandchild and ignores SIGTERM in the grandchild, like an engine process might
 SPAWNER = """
 import os, signal, subprocess, sys, time
-gc = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+gc = subprocess.Popen([sys.executable, "-c", code])
 print("GC" + "PID", gc.pid, flush=True)
 time.sleep(60)
 """

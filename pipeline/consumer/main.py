@@ -124,6 +124,8 @@ def run(cfg, connect: str | None = None, resume: bool = False) -> int:
                                                     cfg.endpoints.control_port)
         client = BufferClient(router_url, control_url, learner_id, cfg.endpoints.keys_dir)
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    if resume:
+        _continue_versions(learner, client)
     ann = learner.publish() if learner.version > 0 else None  # a resumed run's producers need its weights
     if client is not None:
         client.send(protocol.VersionUpdate(learner.version, ann))
@@ -172,6 +174,29 @@ def run(cfg, connect: str | None = None, resume: bool = False) -> int:
     return 0
 
 
+def _continue_versions(learner, client) -> None:
+    """After a crash the buffer (and producers) may be ahead of the checkpoint: continue numbering above the
+    buffer's version, so the restored weights are announced as the newest and versions only ever increase."""
+    from pipeline import protocol
+
+    buffer_version = 0
+    if client is not None:
+        snap = client.request(protocol.MetricsRequest(client.identity), protocol.MetricsSnapshot, 30.0)
+        if snap is not None:
+            buffer_version = int(snap.metrics.get("learner_version", 0))
+    if learner.world_size > 1:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([buffer_version], dtype=torch.long)
+        dist.broadcast(t, 0)
+        buffer_version = int(t.item())
+    if buffer_version > 0 and buffer_version >= learner.version:
+        log.warning("the buffer is at version %d, ahead of the checkpoint's %d (steps since the checkpoint were "
+                    "lost): continuing at version %d", buffer_version, learner.version, buffer_version + 1)
+        learner.version = buffer_version + 1
+
+
 def _extra(version: int, buffer_metrics: dict) -> bytes:
     # the opaque resume blob; the buffer keeps its own data position, this records what the learner saw
     return json.dumps({"version": version, "buffer_metrics": buffer_metrics}).encode()
@@ -188,9 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    from pipeline.transport import SecurityError
+
     try:
         return run(cfg, args.connect, args.resume)
-    except LearnerError as exc:
+    except (LearnerError, SecurityError) as exc:
         print(f"learner error: {exc}", file=sys.stderr)
         return 1
 

@@ -1,9 +1,11 @@
 """`reinforce-ada train`: start the buffer, the producers and the learner from one config, watch them, show the
 run, and stop everything cleanly.
 
-Policy: a producer that dies is restarted (its rounds are re-issued by the buffer once its heartbeats stop); the
-learner finishing (exit 0) ends the run; the learner or the buffer failing is fatal, reported with the name of
-the process and the last lines of its log. Ctrl-C stops everything. No child outlives the supervisor.
+Policy: a producer that dies is restarted (its rounds are re-issued by the buffer once its heartbeats stop); a
+learner that dies is restarted with --resume (its last checkpoint; versions continue above the buffer's); a
+buffer that dies is restarted with --resume (its last snapshot). The learner finishing (exit 0) ends the run; a
+process that keeps dying is fatal, reported with its name and the last lines of its log. Ctrl-C stops everything.
+No child outlives the supervisor.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from pipeline.config import Config, ConfigError, dumps_toml, load_config
 
 MAX_PRODUCER_RESTARTS = 5
+MAX_RESTARTS = 3  # learner and buffer
 
 
 class RunFailed(RuntimeError):
@@ -69,6 +72,20 @@ def _wait_for_buffer(router_url: str, control_url: str, buffer, timeout_s: float
         raise RunFailed(f"the buffer did not answer within {timeout_s:.0f} s:\n{buffer.tail()}")
     finally:
         client.close()
+
+
+def _restart(child, code: int, flag: str | None, limit: int, state, tty: bool) -> None:
+    """Start a dead child again (with `flag` added once), or fail the run once it died `limit` + 1 times."""
+    if child.restarts >= limit:
+        raise RunFailed(f"{child.name} died {child.restarts + 1} times (last exit code {code}); last lines of "
+                        f"{child.log_path}:\n{child.tail()}")
+    child.restarts += 1
+    if flag and flag not in child.cmd:
+        child.cmd = child.cmd + [flag]
+    state.message = f"restarted {child.name} (exit code {code})"
+    if not tty:
+        print(f"{child.name} exited with code {code}; restarting it ({child.restarts})", flush=True)
+    child.start()
 
 
 def _wait_exit(child, timeout_s: float) -> int | None:
@@ -138,26 +155,18 @@ def run(cfg: Config, overrides: list[str], config_path: str | None) -> int:
             if code == 0:
                 break
             if code is not None:
-                raise RunFailed(f"the learner exited with code {code}; last lines of {learner.log_path}:\n"
-                                f"{learner.tail()}")
+                # the learner resumes from its last checkpoint; the buffer kept its state meanwhile
+                _restart(learner, code, "--resume", MAX_RESTARTS, state, tty)
             if buffer.poll() is not None:
                 # a clean buffer exit follows the learner's Shutdown: give the learner time to exit on its own
                 if buffer.poll() == 0 and _wait_exit(learner, 60.0) == 0:
                     break
-                raise RunFailed(f"the buffer exited with code {buffer.poll()}; last lines of {buffer.log_path}:\n"
-                                f"{buffer.tail()}")
+                # the buffer resumes from its snapshot; clients reconnect by themselves
+                _restart(buffer, buffer.poll(), "--resume", MAX_RESTARTS, state, tty)
             for prod in producers:
                 code = prod.poll()
-                if code is None:
-                    continue
-                if prod.restarts >= MAX_PRODUCER_RESTARTS:
-                    raise RunFailed(f"{prod.name} died {prod.restarts + 1} times (last exit code {code}); last lines"
-                                    f" of {prod.log_path}:\n{prod.tail()}")
-                prod.restarts += 1
-                state.message = f"restarted {prod.name} (exit code {code})"
-                if not tty:
-                    print(f"{prod.name} exited with code {code}; restarting it ({prod.restarts})", flush=True)
-                prod.start()
+                if code is not None:  # its rounds are re-issued by the buffer once its heartbeats stop
+                    _restart(prod, code, None, MAX_PRODUCER_RESTARTS, state, tty)
             now = time.monotonic()
             if now - last_poll >= 1.0:
                 last_poll = now
