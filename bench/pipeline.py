@@ -17,7 +17,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from pipeline.transport import free_port_pair
@@ -98,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round-seconds", type=float, default=0.05, help="scripted engine time per assignment")
     parser.add_argument("--max-rounds", type=int, default=8, help="rounds a scripted producer runs at once")
     args = parser.parse_args(argv)
-    from pipeline.tiny_model import ensure_tiny_model
     from pipeline.models import TINY_DIR
+    from pipeline.tiny_model import ensure_tiny_model
 
     model_dir = str(ensure_tiny_model(TINY_DIR))
     t_gen = generation_only(args, model_dir)
