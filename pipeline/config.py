@@ -188,18 +188,16 @@ class ProducersConfig(_Section):
 class WeightsConfig(_Section):
     dir: str = ""  # where rank 0 writes weight files ("" = /dev/shm/reinforce-ada-<run name>)
     keep: int = 2  # weight files kept (older ones are deleted once no producer can still need them)
-    serve: bool = False  # also serve weights over tcp from the learner (producers on other machines)
 
 
 class EndpointsConfig(_Section):
     host: str = "127.0.0.1"  # interface the buffer binds; a non-loopback address needs CurveZMQ keys
     router_port: int = 5555  # requests and results (0 = let `train` pick a free pair of ports)
     control_port: int = 5556  # broadcast of versions, aborts and shutdown: always router_port + 1
-    weights_port: int = 5557  # weight server on the learner when weights.serve is on
     keys_dir: str = ""  # CurveZMQ keys made by `reinforce-ada keys` (needed for non-loopback hosts)
 
     def __post_init__(self) -> None:
-        for name in ("router_port", "control_port", "weights_port"):
+        for name in ("router_port", "control_port"):
             port = getattr(self, name)
             _require(0 <= port < 65536, f"endpoints.{name}", "must be a TCP port in [0, 65535]")
         # clients are told only HOST:PORT and find the control channel on PORT + 1
