@@ -12,8 +12,8 @@ from pathlib import Path
 
 # (file name, title, y label, [(metrics key, legend suffix)], source)
 PANELS = [
-    ("reward.png", "training reward", "reward",
-     [("buffer/positive_rate", " all samples generated"), ("reward_mean", " trained groups (balanced)")], "steps"),
+    ("reward.png", "training reward (pass rate of the samples generated per step)", "reward",
+     [("buffer/positive_rate_step", " all samples generated"), ("reward_mean", " trained groups (balanced)")], "steps"),
     ("accuracy.png", "held-out accuracy (Ave@k, T = 1.0)", "accuracy", [("accuracy", "")], "eval"),
     ("samples_per_group.png", "samples generated per released group", "samples",
      [("buffer/samples_per_released_group", "")], "steps"),

@@ -432,6 +432,7 @@ class Scheduler:
             "pool_size_mean": c["pool_samples_released"] / c["released"] if c["released"] else 0.0,
             "rounds_to_exit": dict(sorted(self._rounds_to_exit.items())),
             "positive_rate": c["positives_received"] / c["samples_received"] if c["samples_received"] else 0.0,
+            "positives_received": c["positives_received"],
             "learner_version": self._learner_version,
             "epoch": self._cursor // len(self._prompts),
             "producers_alive": sum(self._now - t <= hb for t in self._last_seen.values()),

@@ -179,6 +179,7 @@ class BufferService:
         self.eval_results: list[dict[str, float]] = []
         self.eval_round_id = EVAL_ROUND_BASE
         self.shutdown_reason = ""
+        self._last_rate_counts = (0.0, 0.0)  # (positives, samples) received at the previous batch
         self.started = time.monotonic()
         run_dir = cfg.run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -531,6 +532,11 @@ class BufferService:
         for key, value in self.scheduler.metrics().items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 flat[f"buffer/{key}"] = float(value)
+        # the pass rate of the samples generated since the previous batch: the cumulative rate hides progress
+        pos, num = flat["buffer/positives_received"], flat["buffer/samples_received"]
+        last_pos, last_num = self._last_rate_counts
+        flat["buffer/positive_rate_step"] = (pos - last_pos) / (num - last_num) if num > last_num else 0.0
+        self._last_rate_counts = (pos, num)
         for key, value in self.counters.items():
             flat[f"buffer/{key}"] = float(value)
         if self.eval_results:
@@ -539,7 +545,7 @@ class BufferService:
             flat["eval/version"] = float(last["version"])
         tps = [s.get("tokens_per_s", 0.0) for s in self.producer_stats.values()]
         flat["producers/tokens_per_s"] = float(sum(tps))
-        busy = [s.get("busy", 0.0) for s in self.producer_stats.values()]
+        busy = [s.get("busy_fraction", 0.0) for s in self.producer_stats.values()]
         flat["producers/busy"] = float(sum(busy) / len(busy)) if busy else 0.0
         return flat
 

@@ -93,7 +93,7 @@ def render(state: RunState) -> Any:
                  f"ETA {state.eta()}", state.message)
 
     learner = Table(title="learner", expand=True, show_header=False)
-    rewards = [r.get("buffer/positive_rate", float("nan")) for r in state.steps]
+    rewards = [r.get("buffer/positive_rate_step", float("nan")) for r in state.steps]
     accs = [e["accuracy"] for e in state.evals]
     learner.add_row("sample pass rate", f"{rewards[-1]:.3f}" if rewards else "-", sparkline(rewards, lo=0, hi=1))
     learner.add_row("held-out Ave@k", f"{accs[-1]:.3f}" if accs else "-", sparkline(accs, lo=0, hi=1))
