@@ -11,8 +11,9 @@ Invariants:
   Linux even after the unlink.
 
 Several machines: today `weights.dir` must be a filesystem the producers can read (NFS, a shared disk). Not
-built yet, the planned network path: rank 0 also runs a small ZeroMQ ROUTER that answers `GET v000012` with the file in fixed-size chunks (frames of e.g. 64 MiB, each `[offset, bytes]`,
-the last one flagged), secured with the same CurveZMQ keys as the buffer. The announcement then carries
+built yet, the planned network path: rank 0 also runs a small ZeroMQ ROUTER that answers `GET v000012` with
+the file in fixed-size chunks (frames of e.g. 64 MiB, each `[offset, bytes]`, the last one flagged), secured
+with the same CurveZMQ keys as the buffer. The announcement then carries
 `tcp://host:port/v000012.safetensors` as its uri, the producer streams the chunks into its own
 /dev/shm copy (same temp-then-rename rule) and loads that with `iter_weights`. A producer asks only for the
 newest version it is told about, so a slow one never makes the learner keep more than `keep` files. On GPUs
