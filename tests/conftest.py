@@ -15,3 +15,14 @@ def tiny_model_dir() -> Path:
     from pipeline.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model(TINY_MODEL_DIR, seed=0)
+
+
+@pytest.fixture
+def procs():
+    """Processes a test started; killed (by pid) and reaped at the end whatever happened."""
+    started: list = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait()

@@ -23,17 +23,6 @@ from pipeline.transport import free_port_pair
 BATCH = 8
 
 
-@pytest.fixture
-def procs():
-    """Processes a test started; killed (by pid) and reaped at the end whatever happened."""
-    started: list = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-
-
 def _stop_producers(producers, outs) -> list[dict]:
     """SIGTERM the producers (they finish the result they are sending) and read the counts they wrote."""
     for p in producers:

@@ -32,16 +32,6 @@ REPO = Path(__file__).resolve().parents[1]
 VOCAB = 32
 
 
-@pytest.fixture
-def procs():
-    started: list = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-
-
 # ---------------------------------------------------------------- binds and keys
 
 
