@@ -12,9 +12,8 @@ import time
 
 BENCHES = [
     ("sampling", ["-m", "bench.sampling"]),
-    ("buffer ingest", ["-m", "bench.buffer_ingest"]),
     ("pipeline overlap", ["-m", "bench.pipeline"]),
-    ("throughput", ["-m", "bench.throughput"]),
+    ("throughput", ["-m", "bench.throughput"]),  # runs bench.buffer_ingest, bench.producer and bench.learner
     ("end to end", ["-m", "bench.e2e"]),
 ]
 
