@@ -223,7 +223,7 @@ def load_dataset(
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
     if not path.is_file():
-        raise FileNotFoundError(f"dataset file not found: {path}; check data.path")
+        raise FileNotFoundError(f"dataset file not found: {path}; check data.train_files and data.eval_files")
     out: list[Example] = []
     seen: set[str] = set()
     for lineno, row in _read_rows(path):
@@ -238,7 +238,7 @@ def load_dataset(
         if limit is not None and len(out) >= limit:
             break
     if not out:
-        raise DatasetError(f"{path}: no examples in the file; check data.path")
+        raise DatasetError(f"{path}: no examples in the file; check data.train_files and data.eval_files")
     return out
 
 

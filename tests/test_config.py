@@ -96,3 +96,11 @@ def test_check_config_cli(tmp_path):
                          cwd=Path(__file__).parents[1])
     assert bad.returncode == 2
     assert "did you mean `sampling.round_size`" in bad.stderr
+
+
+def test_train_refuses_a_missing_data_file_before_starting_anything(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "train", "--data.train_files", '["missing.jsonl"]',
+                           "--run.dir", str(tmp_path)], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert proc.returncode == 2
+    assert "data.train_files: missing.jsonl does not exist" in proc.stderr
+    assert not any(tmp_path.iterdir())  # no run directory, no process started

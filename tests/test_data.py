@@ -151,7 +151,7 @@ def test_bad_rows_name_file_and_line(tmp_path, lines, match):
 
 
 def test_bad_paths_and_arguments(tmp_path):
-    with pytest.raises(FileNotFoundError, match="data.path"):
+    with pytest.raises(FileNotFoundError, match="data.train_files"):
         load_dataset(tmp_path / "missing.jsonl")
     (tmp_path / "x.csv").write_text("problem,answer\n")
     with pytest.raises(DatasetError, match=r"unsupported file type '\.csv'"):

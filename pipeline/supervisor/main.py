@@ -235,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         config_path = str(default) if default.is_file() else None
     try:
         cfg = load_config(config_path, overrides)
+        for key, files in (("data.train_files", cfg.data.train_files), ("data.eval_files", cfg.data.eval_files)):
+            for f in files:
+                if f != "arithmetic" and not Path(f).is_file():
+                    raise ConfigError(f"{key}: {f} does not exist (JSONL or Parquet files, or \"arithmetic\")")
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
