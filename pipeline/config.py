@@ -1,7 +1,7 @@
 """Typed configuration for a whole run: TOML files plus dotted command-line overrides.
 
-Every field has a default, so an empty file is a valid (tiny, CPU) run. Loading validates everything up front:
-an unknown key, a wrong type or a value out of range raises `ConfigError` naming the field and the fix.
+Every field has a default (the paper's settings; configs/tiny.toml is the CPU run). Loading validates everything
+up front: an unknown key, a wrong type or a value out of range raises `ConfigError` naming the field and the fix.
 """
 
 from __future__ import annotations
