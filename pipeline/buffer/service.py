@@ -217,12 +217,7 @@ class BufferService:
             events = dict(poller.poll(int(TICK_S * 1000)))
             now = time.monotonic()
             if self.router in events:
-                for _ in range(256):  # drain a burst, but keep the timers below running
-                    try:
-                        frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    self._handle(frames, now)
+                self._drain(now)
             if now - last_expire >= TICK_S:
                 last_expire = now
                 self._expire(now)
@@ -231,6 +226,15 @@ class BufferService:
                 self.shutdown_reason = "time limit"
         self._publish(P.Shutdown(self.shutdown_reason))
         return self.shutdown_reason
+
+    def _drain(self, now: float, limit: int = 256) -> None:
+        """Handle the messages waiting on the router, at most `limit` (a burst never starves the timers)."""
+        for _ in range(limit):
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._handle(frames, now)
 
     def close(self) -> None:
         self.router.close(linger=200)
@@ -500,12 +504,7 @@ class BufferService:
         end = time.monotonic() + timeout_s
         while self.eval_runs and time.monotonic() < end:
             if self.router.poll(int(TICK_S * 1000)):
-                while True:
-                    try:
-                        frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    self._handle(frames, time.monotonic())
+                self._drain(time.monotonic())
             now = time.monotonic()
             self._expire(now)
             for parked in list(self.parked_work.values()):
