@@ -29,8 +29,11 @@ def test_train_end_to_end(tmp_path, tiny_model_dir):
         assert r["group_size_min"] == r["group_size_max"] == 4
         assert r["mixed_frac"] == 1.0  # balance + drop: every trained group has a right and a wrong answer
         assert r["staleness_max"] <= 1  # buffer.max_staleness in tiny.toml
-    # both producers served (one may still be starting its engine during the first steps)
-    assert max(r["buffer/producers_alive"] for r in rows) == 2
+    # both producers took part: the learner starts once both are up, and each followed the weight versions
+    assert rows[0]["buffer/producers_alive"] == 2
+    for name in ("producer-0", "producer-1"):
+        log = (run / "logs" / f"{name}.log").read_text(errors="replace")
+        assert f"producer {name} ready" in log and "loaded weights version" in log, name
     evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
     assert [e["version"] for e in evals] == [0, 2, 4]
     assert all(0.0 <= e["accuracy"] <= 1.0 for e in evals)

@@ -74,6 +74,27 @@ def _wait_for_buffer(router_url: str, control_url: str, buffer, timeout_s: float
         client.close()
 
 
+def _wait_for_producers(router_url: str, control_url: str, producers: list, timeout_s: float = 600.0) -> None:
+    from pipeline import protocol as P
+    from pipeline.transport import BufferClient
+
+    client = BufferClient(router_url, control_url, "supervisor-probe")
+    try:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            for prod in producers:
+                if prod.poll() is not None:
+                    raise RunFailed(f"{prod.name} exited with code {prod.poll()} while starting; last lines of "
+                                    f"{prod.log_path}:\n{prod.tail()}")
+            snap = client.request(P.MetricsRequest("supervisor"), P.MetricsSnapshot, 1.0)
+            if snap is not None and snap.metrics.get("producers_alive", 0) >= len(producers):
+                return
+            time.sleep(0.5)
+        raise RunFailed(f"the producers did not all come up within {timeout_s:.0f} s; see their logs")
+    finally:
+        client.close()
+
+
 def _restart(child, code: int, flag: str | None, limit: int, state, tty: bool) -> None:
     """Start a dead child again (with `flag` added once), or fail the run once it died `limit` + 1 times."""
     if child.restarts >= limit:
@@ -137,8 +158,12 @@ def run(cfg: Config, overrides: list[str], config_path: str | None) -> int:
     try:
         buffer.start()
         _wait_for_buffer(router_url, control_url, buffer)
-        for child in producers + [learner]:
+        for child in producers:
             child.start()
+        # the learner starts once every producer's engine is up: a learner started earlier only waits, and a short
+        # run would otherwise finish on the first engine alone
+        _wait_for_producers(router_url, control_url, producers)
+        learner.start()
         print(f"run {cfg.run.name}: {len(producers)} producer(s), learner x{cfg.learner.num_ranks}; logs in {log_dir}",
               flush=True)
         client = BufferClient(router_url, control_url, "supervisor")
