@@ -48,6 +48,9 @@ class DataConfig(_Section):
     # operand digits drawn for the built-in task (the tiny model is made for 2: two-digit operands)
     arithmetic_levels: list[int] = msgspec.field(default_factory=lambda: [2])
     max_prompts: int = 0  # use only the first N training prompts (0 = all)
+    # training prompts longer than max_model_len - max_new_tokens are left out (with a warning) while they are at
+    # most this share of the data; more is an error (a context length that does not suit the data)
+    max_overlong_share: float = 0.5
 
     def __post_init__(self) -> None:
         _require(bool(self.train_files), "data.train_files", "give at least one file or \"arithmetic\"")
@@ -58,6 +61,7 @@ class DataConfig(_Section):
             "data.arithmetic_levels", "use a non-empty subset of [1, 2, 3]",
         )
         _require(self.max_prompts >= 0, "data.max_prompts", "must be >= 0 (0 = all)")
+        _require(0 <= self.max_overlong_share <= 1, "data.max_overlong_share", "must be in [0, 1]")
 
 
 class SamplingConfig(_Section):
@@ -218,7 +222,7 @@ class RunConfig(_Section):
 
 class EvalConfig(_Section):
     k: int = 4  # samples per problem for Ave@k during training
-    num_problems: int = 200  # held-out problems evaluated during training (0 = all)
+    num_problems: int = 200  # held-out problems of each eval file evaluated during training (0 = all)
     max_new_tokens: int = 0  # 0 = sampling.max_new_tokens
 
     def __post_init__(self) -> None:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
+from typing import Any
 
 from pipeline.config import Config, ConfigError
+
+log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY_DIR = REPO_ROOT / ".cache" / "tiny-model"
@@ -48,3 +53,43 @@ def load_tokenizer_if_needed(cfg: Config, model_dir: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tokenizer_path(cfg, model_dir))
+
+
+def load_tokenizer(cfg: Config, model_dir: str) -> Any:
+    """The run's tokenizer, or None when the directory holds none (a scripted run without a model).
+
+    A directory that holds a tokenizer which fails to load is an error: the prompts could not be rendered
+    or counted the way the engines will."""
+    path = Path(tokenizer_path(cfg, model_dir))
+    if not path.is_dir() or not any((path / f).is_file() for f in TOKENIZER_FILES):
+        if prompt_template(cfg) == "auto" and cfg.model.path != "tiny":
+            raise ConfigError(f"model.tokenizer: no tokenizer in {path} (looked for {', '.join(TOKENIZER_FILES)}); "
+                              "data.template = \"auto\" needs the model's chat template")
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def model_max_len(model_dir: str) -> int | None:
+    """The model's own context length (max_position_embeddings), or None when it is unknown or RoPE-scaled."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config") or config
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type", "default")) != "default":
+        return None  # scaled RoPE: vLLM may allow more than max_position_embeddings, let it decide
+    value = config.get("max_position_embeddings")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def effective_max_model_len(cfg: Config, model_dir: str) -> int:
+    """producers.engine.max_model_len clamped to the model's own limit (vLLM refuses more than the model's)."""
+    max_len = cfg.producers.engine.max_model_len
+    limit = model_max_len(model_dir)
+    return min(max_len, limit) if limit is not None else max_len

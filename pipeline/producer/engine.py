@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import math
 import os
@@ -33,6 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pipeline.config import EngineConfig, SamplingConfig
+from pipeline.models import model_max_len
 from pipeline.protocol import RoundAssignment
 
 log = logging.getLogger(__name__)
@@ -74,22 +74,10 @@ def round_seed(run_seed: int, round_id: int) -> int:
     return int.from_bytes(digest, "little") % (2**31 - 4096)
 
 
-def _model_max_len(model_path: str) -> int | None:
-    try:
-        cfg = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type", "default")) != "default":
-        return None  # scaled RoPE: vLLM may allow more than max_position_embeddings, let it decide
-    value = cfg.get("max_position_embeddings")
-    return value if isinstance(value, int) and value > 0 else None
-
-
 def engine_kwargs(model_path: str, model_dtype: str, engine_cfg: EngineConfig, seed: int) -> dict[str, Any]:
     """The `AsyncEngineArgs` keyword arguments for one producer engine (`engine_cfg.extra` wins)."""
     max_len = engine_cfg.max_model_len
-    model_max = _model_max_len(model_path)
+    model_max = model_max_len(model_path)
     if model_max is not None and max_len > model_max:
         # vLLM refuses a max_model_len above the model's; the default 4096 exceeds the tiny model's 128
         log.warning("producers.engine.max_model_len %d > the model's %d: using %d", max_len, model_max,
