@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import importlib
 import sys
+
+from pipeline.config import ConfigError, dumps_toml, load_config, reference_markdown, update_readme
 
 # subcommand -> (module with a `main(argv) -> int | None`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -15,7 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("pipeline.evaluate", "Ave@k of a model on benchmark files with vLLM"),
     "select-prompts": ("pipeline.select_prompts", "keep prompts whose base-model pass rate lies in a range"),
     "plot": ("pipeline.plots", "draw (or overlay) the PNG plots of one or more runs"),
-    "check-config": ("pipeline.cli", "print the resolved config of FILE [overrides], or the error"),
+    "check-config": ("pipeline.cli", "print the resolved config of FILE [overrides], or the error; --markdown: "
+                                     "the configuration reference"),
     "make-tiny-model": ("pipeline.tiny_model", "build the tiny character-level arithmetic model"),
     "keys": ("pipeline.cli", "create CurveZMQ keys for non-loopback endpoints: --out DIR"),
 }
@@ -29,11 +34,22 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
-def check_config_main(argv: list[str]) -> int:
-    from pipeline.config import ConfigError, dumps_toml, load_config
+CHECK_CONFIG_USAGE = """\
+usage: reinforce-ada check-config [FILE] [--section.key VALUE ...]
+       reinforce-ada check-config --markdown          print the configuration reference (markdown)
+       reinforce-ada check-config --readme README.md  rewrite that section of README.md"""
 
+
+def check_config_main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
-        print("usage: reinforce-ada check-config [FILE] [--section.key VALUE ...]")
+        print(CHECK_CONFIG_USAGE)
+        return 0
+    if argv == ["--markdown"]:
+        print(reference_markdown(), end="")
+        return 0
+    if len(argv) == 2 and argv[0] == "--readme":
+        changed = update_readme(argv[1])
+        print(f"{argv[1]}: configuration reference {'rewritten' if changed else 'already up to date'}")
         return 0
     path = argv[0] if argv and not argv[0].startswith("--") else None
     overrides = argv[1:] if path else argv
@@ -47,9 +63,7 @@ def check_config_main(argv: list[str]) -> int:
 
 
 def keys_main(argv: list[str]) -> int:
-    import argparse
-
-    from pipeline.transport import make_keys
+    from pipeline.transport import make_keys  # pyzmq: loaded only for this command
 
     parser = argparse.ArgumentParser(prog="reinforce-ada keys", description=COMMANDS["keys"][1])
     parser.add_argument("--out", required=True, help="directory for the key files")
@@ -66,8 +80,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        import difflib
-
         close = difflib.get_close_matches(name, COMMANDS, n=1)
         hint = f" (did you mean `{close[0]}`?)" if close else ""
         print(f"unknown command {name!r}{hint}\n\n{_usage()}", file=sys.stderr)

@@ -1,10 +1,12 @@
-"""The README documents every configuration key and opens with the two setup commands."""
+"""The README documents every configuration key, exactly as the schema renders it, and opens with the two setup
+commands."""
 
 from pathlib import Path
 
 import msgspec
 
 from pipeline.config import Config
+from pipeline.config.reference import REGENERATE, readme_section, reference_markdown
 
 README = (Path(__file__).parents[1] / "README.md").read_text()
 
@@ -21,6 +23,11 @@ def _keys(cls, prefix=""):
 def test_every_config_key_is_documented():
     missing = [k for k in _keys(Config) if f"`{k}`" not in README]
     assert not missing, f"README's configuration reference lacks {missing}"
+
+
+def test_configuration_reference_is_generated_from_the_schema():
+    assert readme_section(README) == reference_markdown(), (
+        f"README.md's configuration reference differs from the config schema; regenerate it with `{REGENERATE}`")
 
 
 def test_readme_opens_with_the_two_commands():

@@ -1,0 +1,250 @@
+"""The configuration of a whole run: one Section class per `[section]` of the TOML file.
+
+Every field's default is the paper's setting (configs/tiny.toml is the CPU run). A field is declared in one place
+with its type, limits and one-line doc: `name: Annotated[type, Meta(ge=..., description="...")] = default`. The
+loader, the error messages, `check-config` and the README's configuration tables are all derived from that
+declaration, so adding a field is a one-line change here. Checks between fields go in the section's `check()`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from pipeline.config.base import Section, register_root
+
+
+class ModelConfig(Section):
+    """The policy model, used by the engines and the learner."""
+
+    path: Annotated[str, Meta(description='Hugging Face model directory; "tiny" = build the tiny arithmetic model '
+                                          'in .cache/')] = "tiny"
+    dtype: Annotated[Literal["float32", "bfloat16", "float16"], Meta(
+        description="weights dtype in the engines and the learner")] = "float32"
+    tokenizer: Annotated[str, Meta(description="tokenizer directory when it differs from `path`")] = ""
+
+
+class DataConfig(Section):
+    """Training and held-out prompts."""
+
+    train_files: Annotated[list[str], Meta(min_length=1, description='JSONL/Parquet files; "arithmetic" = the '
+                                                                     'built-in generated task')] = \
+        msgspec.field(default_factory=lambda: ["arithmetic"])
+    eval_files: Annotated[list[str], Meta(description="held-out sets for accuracy during training")] = \
+        msgspec.field(default_factory=lambda: ["arithmetic"])
+    problem_key: Annotated[str, Meta(description='column of the problem ("" = auto: problem, question)')] = ""
+    answer_key: Annotated[str, Meta(description='column of the answer ("" = auto: answer, final_answer, else '
+                                                'the last \\boxed{} of solution)')] = ""
+    template: Annotated[str, Meta(description='"auto" (chat template if any, else plain), "plain", "raw", or '
+                                              '"...{problem}..."')] = "auto"
+    shuffle: Annotated[bool, Meta(description="shuffle the training prompts once, with the run seed")] = True
+    num_arithmetic_train: Annotated[int, Meta(ge=1, description="problems drawn for the built-in task")] = 4000
+    num_arithmetic_eval: Annotated[int, Meta(ge=0, description="held-out problems drawn for the built-in task "
+                                                               "(never in the training set)")] = 200
+    arithmetic_levels: Annotated[list[Literal[1, 2, 3]], Meta(
+        min_length=1, description="operand digits drawn for the built-in task (the tiny model is made for 2)")] = \
+        msgspec.field(default_factory=lambda: [2])
+    max_prompts: Annotated[int, Meta(ge=0, description="use only the first N training prompts (0 = all)")] = 0
+    max_overlong_share: Annotated[float, Meta(ge=0, le=1, description=(
+        "training prompts longer than max_model_len - max_new_tokens are left out (with a warning) while they "
+        "are at most this share of the data; more is an error (a context length that does not suit the data)"))] = 0.5
+
+
+class SamplingConfig(Section):
+    """Reinforce-Ada's adaptive sampling: rounds of M samples, at most N rounds, groups of n."""
+
+    round_size: Annotated[int, Meta(ge=1, description="M: samples per round of one prompt")] = 8
+    max_rounds: Annotated[int, Meta(ge=1, description="N: rounds before a prompt is given up on (so at most M*N "
+                                                      "samples)")] = 4
+    group_size: Annotated[int, Meta(ge=2, description="n: samples kept per released group (advantages need a "
+                                                      "comparison)")] = 4
+    exit_rule: Annotated[Literal["balance", "pos", "fixed"], Meta(description=(
+        'when a prompt stops sampling: "balance" (n/2 positives and n - n/2 negatives), "pos" (one positive), '
+        '"fixed" (GRPO: one round of n samples)'))] = "balance"
+    positive_threshold: Annotated[float, Meta(description="a sample is positive when its reward exceeds this")] = 0.5
+    temperature: Annotated[float, Meta(gt=0, description="sampling temperature; the learner computes log-probs at "
+                                                         "the same one (greedy has none it can match)")] = 1.0
+    top_p: Annotated[float, Meta(gt=0, le=1, description="nucleus sampling; < 1 renormalises the engine's "
+                                                         "log-probs, not the learner's: keep 1")] = 1.0
+    max_new_tokens: Annotated[int, Meta(ge=1, description="completion tokens per sample at most")] = 2048
+
+    def check(self) -> None:
+        self.require(self.exit_rule == "fixed" or self.round_size * self.max_rounds >= self.group_size,
+                     "round_size", f"`round_size` * `max_rounds` must be >= `group_size` ({self.group_size})")
+
+
+class BufferConfig(Section):
+    """The rollout buffer: staleness, admission, what happens to unresolved prompts, leases."""
+
+    max_staleness: Annotated[int, Meta(ge=0, description="learner version minus sample version may be at most "
+                                                         "this (0 = on-policy)")] = 1
+    max_rounds_in_flight: Annotated[int, Meta(ge=0, description="cap on rounds out at producers at once (0 = no "
+                                                                "cap beyond admission control)")] = 0
+    unresolved: Annotated[Literal["drop", "keep"], Meta(
+        description="zero-variance pools: drop (counted) or train them (the reference)")] = "drop"
+    downsample: Annotated[Literal["freshest", "first", "random"], Meta(
+        description="which samples of a class the group keeps")] = "freshest"
+    normalize_std: Annotated[bool, Meta(description="divide advantages by the pool's std")] = False
+    lease_s: Annotated[float, Meta(gt=0, description="a round not returned within this many seconds is "
+                                                     "re-issued to another producer")] = 120.0
+    heartbeat_timeout_s: Annotated[float, Meta(gt=0, description="a producer silent this many seconds loses its "
+                                                                 "rounds")] = 15.0
+    max_message_bytes: Annotated[int, Meta(ge=1 << 16, description="ZeroMQ maxmsgsize on the buffer's "
+                                                                   "sockets")] = 256 << 20
+
+
+class LearnerConfig(Section):
+    """The learner: loss, optimizer, batches, backend, run length."""
+
+    lr: Annotated[float, Meta(gt=0, description="AdamW learning rate (the paper: 1e-6)")] = 1e-6
+    warmup_steps: Annotated[int, Meta(ge=0, description="linear warm-up of the learning rate")] = 0
+    weight_decay: Annotated[float, Meta(ge=0, description="AdamW weight decay")] = 0.0
+    clip_low: Annotated[float, Meta(ge=0, lt=1, description="ratio clipped to [1 - clip_low, 1 + clip_high]")] = 0.2
+    clip_high: Annotated[float, Meta(ge=0, description="upper clip (clip-higher, as in DAPO and the paper)")] = 0.28
+    dual_clip: Annotated[float, Meta(description="dual-clip bound c for negative advantages, > 1 (0 = off)")] = 10.0
+    entropy_coef: Annotated[float, Meta(description="entropy bonus (the paper: 1e-4)")] = 0.0
+    tis_cap: Annotated[float, Meta(description="truncated importance sampling cap on rho, >= 1 (0 = off)")] = 0.0
+    decoupled: Annotated[bool, Meta(description="recompute proximal log-probs before the update (AReaL's "
+                                                "decoupled PPO)")] = False
+    batch_prompts: Annotated[int, Meta(ge=1, description="B: groups per learner step (B * n sequences)")] = 512
+    mini_batches: Annotated[int, Meta(ge=1, description="optimizer steps per batch")] = 4
+    micro_batch_tokens: Annotated[int, Meta(ge=64, description="padded tokens per forward/backward pass "
+                                                               "(gradient accumulation)")] = 16384
+    grad_clip: Annotated[float, Meta(ge=0, description="max global gradient norm (0 = off)")] = 1.0
+    backend: Annotated[Literal["torch", "deepspeed"], Meta(
+        description="torch (one process or DDP) or DeepSpeed ZeRO")] = "torch"
+    zero_stage: Annotated[int, Meta(ge=0, le=3, description="DeepSpeed ZeRO stage")] = 2
+    num_ranks: Annotated[int, Meta(ge=1, description="learner processes (torchrun --nproc-per-node)")] = 1
+    num_steps: Annotated[int, Meta(ge=1, description="learner steps (batches) before the run ends")] = 100
+    checkpoint_every: Annotated[int, Meta(ge=0, description="steps between checkpoints (0 = only at the "
+                                                            "end)")] = 50
+    eval_every: Annotated[int, Meta(ge=0, description="steps between held-out evaluations (0 = never)")] = 10
+    batch_timeout_s: Annotated[float, Meta(gt=0, description="give up (fatal error) when no batch arrives for "
+                                                             "this many seconds")] = 600.0
+    gradient_checkpointing: Annotated[bool, Meta(description="recompute activations in backward (less memory, "
+                                                             "~30% slower)")] = False
+    cpu_threads: Annotated[int, Meta(ge=0, description="torch threads of a CPU learner (0 = torch's default: all "
+                                                       "cores)")] = 0
+
+    def check(self) -> None:
+        self.require(self.dual_clip == 0 or self.dual_clip > 1, "dual_clip", "must be > 1, or 0 to turn it off")
+        self.require(self.tis_cap == 0 or self.tis_cap >= 1, "tis_cap", "must be >= 1, or 0 to turn it off")
+        self.require(self.batch_prompts % self.mini_batches == 0, "mini_batches",
+                     f"must divide `batch_prompts` ({self.batch_prompts})")
+
+
+class EngineConfig(Section):
+    """Each producer's vLLM engine."""
+
+    dtype: Annotated[str, Meta(description='vLLM dtype ("auto" = model.dtype)')] = "auto"
+    max_model_len: Annotated[int, Meta(ge=16, description="prompt + completion tokens per sequence (clamped to "
+                                                          "the model's)")] = 4096
+    gpu_memory_utilization: Annotated[float, Meta(gt=0, le=1, description="share of GPU memory vLLM may take "
+                                                                          "(weights + KV cache)")] = 0.85
+    tensor_parallel_size: Annotated[int, Meta(ge=1, description="GPUs per engine")] = 1
+    enforce_eager: Annotated[bool, Meta(description="no CUDA graphs / compilation (faster start, slower "
+                                                    "decode)")] = False
+    max_num_seqs: Annotated[int, Meta(ge=1, description="concurrent sequences per engine")] = 256
+    cpu_kv_cache_gb: Annotated[float, Meta(gt=0, description="KV cache size on the CPU backend "
+                                                             "(VLLM_CPU_KVCACHE_SPACE)")] = 1.0
+    cpu_threads: Annotated[int, Meta(ge=0, description="torch threads per CPU engine (0 = let vLLM choose)")] = 0
+    extra: Annotated[dict[str, Any], Meta(description="further vllm.AsyncEngineArgs keyword arguments, passed as "
+                                                      "they are")] = {}
+
+
+class ProducersConfig(Section):
+    """The producer processes (one inference engine each) and their reward workers."""
+
+    count: Annotated[int, Meta(ge=0, description="producer processes (0: start producers yourself)")] = 1
+    max_rounds: Annotated[int, Meta(ge=1, description="rounds a producer asks for at most at once")] = 64
+    reward_workers: Annotated[int, Meta(ge=0, description="math-verify worker processes per producer (0 = score "
+                                                          "inline)")] = 1
+    reward_timeout_s: Annotated[float, Meta(gt=0, description="per-sample verification time limit")] = 5.0
+    devices: Annotated[list[str], Meta(description='CUDA_VISIBLE_DEVICES per producer, e.g. ["0", "1"] (empty: '
+                                                   'inherit)')] = []
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+
+    def check(self) -> None:
+        self.require(not self.devices or len(self.devices) == self.count, "devices",
+                     f"give one entry per producer (`count` = {self.count}) or none")
+
+
+class WeightsConfig(Section):
+    """Where the learner publishes weights for the producers."""
+
+    dir: Annotated[str, Meta(description='where rank 0 writes weight files ("" = /dev/shm/reinforce-ada-<run '
+                                         'name>)')] = ""
+    keep: Annotated[int, Meta(ge=1, description="weight files kept (older ones are deleted once no producer can "
+                                                "still need them)")] = 2
+
+
+class EndpointsConfig(Section):
+    """The buffer's sockets. Clients are told only HOST:router_port; the control channel is the next port."""
+
+    host: Annotated[str, Meta(description="interface the buffer binds; a non-loopback address needs CurveZMQ "
+                                          "keys")] = "127.0.0.1"
+    router_port: Annotated[int, Meta(ge=0, le=65534, description=(
+        "requests and results; versions, aborts and shutdown are broadcast on router_port + 1 (0 = let `train` "
+        "pick a free pair of ports)"))] = 5555
+    keys_dir: Annotated[str, Meta(description="CurveZMQ keys made by `reinforce-ada keys` (needed for "
+                                              "non-loopback hosts)")] = ""
+
+    @property
+    def control_port(self) -> int:
+        """The control channel's port: always router_port + 1 (0 when the router port is chosen at bind)."""
+        return self.router_port + 1 if self.router_port else 0
+
+
+class RunConfig(Section):
+    """The run's name, directory and seed."""
+
+    name: Annotated[str, Meta(description="run directory name under `dir`")] = "tiny"
+    dir: Annotated[str, Meta(description="parent directory of run directories")] = "runs"
+    seed: Annotated[int, Meta(description="seeds the data order, the scheduler, the engines and the learner")] = 0
+    live: Annotated[bool, Meta(description="rich live view when stdout is a terminal")] = True
+
+    def check(self) -> None:
+        self.require(bool(self.name) and "/" not in self.name, "name", "must be a non-empty name without '/'")
+
+
+class EvalConfig(Section):
+    """Held-out evaluation during training (Ave@k at the sampling temperature)."""
+
+    k: Annotated[int, Meta(ge=1, description="samples per problem for Ave@k during training")] = 4
+    num_problems: Annotated[int, Meta(ge=0, description="held-out problems of each eval file evaluated during "
+                                                        "training (0 = all)")] = 200
+    max_new_tokens: Annotated[int, Meta(ge=0, description="0 = sampling.max_new_tokens")] = 0
+
+
+class Config(Section):
+    """A whole run."""
+
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    data: DataConfig = msgspec.field(default_factory=DataConfig)
+    sampling: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
+    buffer: BufferConfig = msgspec.field(default_factory=BufferConfig)
+    learner: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
+    producers: ProducersConfig = msgspec.field(default_factory=ProducersConfig)
+    weights: WeightsConfig = msgspec.field(default_factory=WeightsConfig)
+    endpoints: EndpointsConfig = msgspec.field(default_factory=EndpointsConfig)
+    run: RunConfig = msgspec.field(default_factory=RunConfig)
+    eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.dir) / self.run.name
+
+    @property
+    def weights_dir(self) -> Path:
+        """weights.dir, else a folder in /dev/shm unique to this run directory (two runs never share one)."""
+        if self.weights.dir:
+            return Path(self.weights.dir)
+        tag = hashlib.blake2b(str(self.run_dir.resolve()).encode(), digest_size=4).hexdigest()
+        return Path("/dev/shm") / f"reinforce-ada-{self.run.name}-{tag}"
+
+
+register_root(Config)
