@@ -1,13 +1,18 @@
-"""Supervisor parts without models: process groups die whole, logs and commands are recorded, the live view
-and the plots render."""
+"""Supervisor parts without models: process groups die whole, logs and commands are recorded, the plan's
+commands, the live view, the plain progress lines and the plots render."""
 
 import json
 import os
 import sys
 import time
 
+import pytest
+
+from pipeline.config import ConfigError, load_config
 from pipeline.plots import plot_runs
-from pipeline.supervisor.live import JsonlTail, RunState, render, sparkline
+from pipeline.supervisor import live
+from pipeline.supervisor.live import Display, JsonlTail, RunState, progress_line, render, sparkline
+from pipeline.supervisor.plan import check_data_files, plan_children
 from pipeline.supervisor.procs import Child, stop_all, write_commands
 
 # a child that starts a grandchild and ignores SIGTERM in the grandchild, like an engine process might
@@ -93,6 +98,75 @@ def test_live_view_renders(tmp_path):
     text = console.export_text()
     assert "producer-0" in text and "1200" in text and "0.250" in text
     assert "step 1 | reward 0.300" in state.step_line(state.steps[0])
+
+
+# what a slow run needs: is anything generated, does the reward fire, where do the prompts go (the buffer's keys)
+SNAPSHOT = {"samples_received": 4321, "positive_rate": 0.0712, "active": 37, "released": 120, "released_partial": 9,
+            "dropped_unresolved": 14, "dropped_zero_variance": 55, "groups_waiting": 6, "learner_version": 3,
+            "producers": {"producer-0": {"tokens_per_s": 234.5, "samples_done": 2100.0, "version": 3},
+                          "producer-1": {"tokens_per_s": 198.0, "samples_done": 2221.0, "version": 2}}}
+
+
+def test_live_view_shows_why_a_run_is_slow():
+    from rich.console import Console
+
+    state = RunState("slow", 10)
+    state.buffer = SNAPSHOT
+    state.children = [("producer-0", "running", "0"), ("producer-1", "down", "2")]
+    console = Console(record=True, width=160)
+    console.print(render(state))
+    text = console.export_text()
+    for expected in ("samples received", "4321", "pass rate so far", "0.071", "active 37", "released 120",
+                     "9 unresolved", "dropped 14 unresolved, 55 zero-variance", "groups waiting", "learner version",
+                     "2100", "2221", "234", "198"):
+        assert expected in text, expected
+    line = progress_line(SNAPSHOT)
+    assert line.startswith("progress | samples 4321 (pass rate 0.071) | prompts active 37")
+    assert "groups waiting 6 | learner version 3" in line and "producer-1 2221 samples 198 tok/s" in line
+    # before the buffer answers, or with a key another version does not send, the view shows "-"
+    assert "samples - (pass rate -)" in progress_line({})
+    console.print(render(RunState("empty", 1)))
+
+
+def test_plain_output_without_a_terminal(capsys, monkeypatch):
+    monkeypatch.setattr(live, "PROGRESS_EVERY_S", 0.0)
+    display = Display(RunState("plain", 2), tty=False)
+    display.start()
+    display.step({"step": 1, "reward_mean": 0.5, "loss": 0.01, "step_seconds": 2.0})
+    display.eval({"version": 1, "k": 4, "accuracy": 0.4, "problems": 40})
+    display.event("producer-0 exited with code -9; restarting it (1)")
+    display.refresh()  # no metrics yet: no progress line
+    display.state.buffer = SNAPSHOT
+    display.refresh()
+    display.stop()
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("step 1 | reward 0.500") and out[1] == "eval | version 1 | Ave@4 0.400 over 40 problems"
+    assert out[2] == "producer-0 exited with code -9; restarting it (1)"
+    assert len(out) == 4 and out[3].startswith("progress | samples 4321")
+
+
+def test_plan_children_commands(tmp_path):
+    cfg = load_config(None, ["--producers.count", "2", "--producers.devices", '["0", "1"]'])
+    children = plan_children(cfg, tmp_path / "config.toml", "/m", tmp_path, 6000)
+    assert [c.name for c in children] == ["buffer", "producer-0", "producer-1", "learner"]
+    for child in children:
+        assert child.cmd[child.cmd.index("--endpoints.router_port") + 1] == "6000"
+        assert "--endpoints.control_port" not in child.cmd  # derived: router_port + 1
+        assert child.cmd[child.cmd.index("--config") + 1] == str(tmp_path / "config.toml")
+    assert children[2].env == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert children[1].cmd[children[1].cmd.index("--connect") + 1] == "127.0.0.1:6000"
+    cfg = load_config(None, ["--learner.num_ranks", "2"])
+    learner = plan_children(cfg, tmp_path / "c.toml", "/m", tmp_path, 6000)[-1]
+    assert "torch.distributed.run" in learner.cmd and "--nproc-per-node=2" in learner.cmd
+
+
+def test_missing_data_files_name_the_key(tmp_path):
+    check_data_files(load_config(None))  # the built-in task
+    with pytest.raises(ConfigError, match="^data.eval_files: nope.jsonl does not exist"):
+        check_data_files(load_config(None, ["--data.eval_files", '["nope.jsonl"]']))
+    existing = tmp_path / "train.jsonl"
+    existing.write_text("{}\n")
+    check_data_files(load_config(None, ["--data.train_files", f'["{existing}"]', "--data.eval_files", "[]"]))
 
 
 def test_plots_single_and_overlay(tmp_path):

@@ -1,12 +1,28 @@
-"""What a run shows a person: a rich live view on a terminal, one plain line per learner step otherwise."""
+"""What a run shows a person: a rich live view on a terminal, plain lines otherwise, and the closing summary.
+
+The buffer's view comes from its MetricsSnapshot (`samples_received`, `positive_rate`, `active`, `released`,
+`released_partial`, `dropped_unresolved`, `dropped_zero_variance`, `groups_waiting`, `learner_version`, and per
+producer `tokens_per_s`, `samples_done`): the numbers that say why a slow run is slow (nothing generated, no
+reward, every prompt dropped). A missing key shows as "-", never as an error.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rich.console import Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+
+from pipeline.plots import plot_runs
+
+PROGRESS_EVERY_S = 30.0  # a plain progress line this often without a terminal
 
 BARS = "▁▂▃▄▅▆▇█"
 
@@ -79,12 +95,30 @@ class RunState:
         return f"{left / 60:.1f} min"
 
 
+def _num(metrics: dict[str, Any], key: str, fmt: str = "{:.0f}") -> str:
+    value = metrics.get(key)
+    return fmt.format(value) if isinstance(value, (int, float)) else "-"
+
+
+def prompts_text(buf: dict[str, Any]) -> str:
+    """Where the prompts are: active, released (partly resolved among them), dropped (and why)."""
+    return (f"active {_num(buf, 'active')} | released {_num(buf, 'released')} ({_num(buf, 'released_partial')} "
+            f"unresolved) | dropped {_num(buf, 'dropped_unresolved')} unresolved, "
+            f"{_num(buf, 'dropped_zero_variance')} zero-variance")
+
+
+def progress_line(buf: dict[str, Any]) -> str:
+    """One plain line of the buffer's progress (the live view's content, for logs and pipes)."""
+    prods = buf.get("producers") or {}
+    rates = ", ".join(f"{name} {_num(s, 'samples_done')} samples {_num(s, 'tokens_per_s')} tok/s"
+                      for name, s in sorted(prods.items())) or "no producer seen"
+    return (f"progress | samples {_num(buf, 'samples_received')} (pass rate {_num(buf, 'positive_rate', '{:.3f}')})"
+            f" | prompts {prompts_text(buf)} | groups waiting {_num(buf, 'groups_waiting')} | learner version "
+            f"{_num(buf, 'learner_version')} | {rates}")
+
+
 def render(state: RunState) -> Any:
     """A rich renderable of the whole run."""
-    from rich.console import Group
-    from rich.panel import Panel
-    from rich.table import Table
-
     step = state.steps[-1] if state.steps else {}
     done = step.get("step", 0)
     elapsed = time.monotonic() - state.started
@@ -104,21 +138,83 @@ def render(state: RunState) -> Any:
 
     buf = state.buffer
     btable = Table(title="buffer", expand=True, show_header=False)
-    for key in ("active", "admitted", "released", "released_partial", "dropped_unresolved",
-                "dropped_zero_variance", "stale_evictions", "groups_waiting", "rounds_in_flight"):
+    btable.add_row("samples received", _num(buf, "samples_received"))
+    btable.add_row("pass rate so far", _num(buf, "positive_rate", "{:.3f}"))
+    btable.add_row("prompts", prompts_text(buf))
+    btable.add_row("groups waiting", _num(buf, "groups_waiting"))
+    btable.add_row("learner version", _num(buf, "learner_version"))
+    for key in ("stale_evictions", "rounds_in_flight"):
         if key in buf:
-            btable.add_row(key, str(buf[key]))
+            btable.add_row(key.replace("_", " "), str(buf[key]))
     if "samples_per_released_group" in buf:
         btable.add_row("samples/group", f"{buf['samples_per_released_group']:.1f}")
     if buf.get("rounds_to_exit"):
         btable.add_row("rounds to exit", " ".join(f"{k}:{v}" for k, v in sorted(buf["rounds_to_exit"].items())))
 
     prod = Table(title="producers", expand=True)
-    for col in ("name", "state", "version", "tokens/s", "busy", "running", "restarts"):
+    for col in ("name", "state", "version", "samples", "tokens/s", "busy", "running", "restarts"):
         prod.add_column(col)
-    stats = buf.get("producers", {})
+    stats = buf.get("producers") or {}
     for name, pstate, restarts in state.children:
         s = stats.get(name, {})
-        prod.add_row(name, pstate, f"{s.get('version', 0):.0f}", f"{s.get('tokens_per_s', 0):.0f}",
-                     f"{100 * s.get('busy_fraction', 0):.0f}%", f"{s.get('running_rounds', 0):.0f}", restarts)
+        prod.add_row(name, pstate, _num(s, "version"), _num(s, "samples_done"), _num(s, "tokens_per_s"),
+                     f"{100 * s.get('busy_fraction', 0):.0f}%", _num(s, "running_rounds"), restarts)
     return Group(head, Panel(learner), btable, prod)
+
+
+class Display:
+    """Where the run's progress goes: a rich Live view on a terminal, else plain lines on stdout."""
+
+    def __init__(self, state: RunState, tty: bool) -> None:
+        self.state = state
+        self.tty = tty
+        self.live: Live | None = None
+        self.last_progress = time.monotonic()
+
+    def start(self) -> None:
+        if self.tty:
+            self.live = Live(render(self.state), refresh_per_second=2, transient=False)
+            self.live.start()
+
+    def step(self, row: dict) -> None:
+        self.state.steps.append(row)
+        if not self.tty:
+            print(self.state.step_line(row), flush=True)
+
+    def eval(self, row: dict) -> None:
+        self.state.evals.append(row)
+        if not self.tty:
+            print(f"eval | version {row['version']} | Ave@{row['k']} {row['accuracy']:.3f} over {row['problems']} "
+                  "problems", flush=True)
+
+    def event(self, text: str) -> None:
+        """Something a person should see at once (a restart)."""
+        self.state.message = text
+        if not self.tty:
+            print(text, flush=True)
+
+    def refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(render(self.state))
+        elif self.state.buffer and time.monotonic() - self.last_progress >= PROGRESS_EVERY_S:
+            self.last_progress = time.monotonic()
+            print(progress_line(self.state.buffer), flush=True)
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+
+def summarise(state: RunState, run_dir: Path, wall_s: float) -> None:
+    """The closing lines: held-out accuracy first -> last, steps and time, and the plots drawn."""
+    if state.evals:
+        first, last = state.evals[0], state.evals[-1]
+        print(f"held-out Ave@{first['k']}: {first['accuracy']:.3f} at version {first['version']} -> "
+              f"{last['accuracy']:.3f} at version {last['version']}")
+    print(f"{len(state.steps)} learner steps in {wall_s / 60:.1f} min; run directory {run_dir}")
+    try:
+        paths = plot_runs([run_dir], run_dir / "plots")
+        print(f"plots: {', '.join(str(p) for p in paths)}")
+    except Exception as exc:  # noqa: BLE001 - plotting must never turn a finished run into a failure
+        print(f"could not draw plots: {exc}", file=sys.stderr)

@@ -16,6 +16,10 @@ import time
 from collections import deque
 from pathlib import Path
 
+from pipeline.supervisor.restarts import Death
+
+START_MARK = b"\n==== "  # begins the line each start writes to the log (see Child.start)
+
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     os.setsid()
@@ -37,6 +41,7 @@ class Child:
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
+        self.deaths: list[Death] = []  # every exit the supervisor saw, oldest first
         self.started_at = 0.0
 
     @property
@@ -53,7 +58,7 @@ class Child:
         env.update(self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         log = open(self.log_path, "ab")
-        log.write(f"\n==== {time.strftime('%H:%M:%S')} start: {self.command_line()}\n".encode())
+        log.write(START_MARK + f"{time.strftime('%H:%M:%S')} start: {self.command_line()}\n".encode())
         log.flush()
         self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, preexec_fn=_die_with_parent)
@@ -97,13 +102,27 @@ class Child:
         except subprocess.TimeoutExpired:
             return None
 
+    def _log_end(self, max_bytes: int) -> bytes:
+        with open(self.log_path, "rb") as f:
+            f.seek(max(0, os.path.getsize(self.log_path) - max_bytes))
+            return f.read()
+
     def tail(self, lines: int = 20) -> str:
         try:
-            with open(self.log_path, "rb") as f:
-                f.seek(max(0, os.path.getsize(self.log_path) - 64_000))
-                return "\n".join(deque(f.read().decode(errors="replace").splitlines(), maxlen=lines))
+            return "\n".join(deque(self._log_end(64_000).decode(errors="replace").splitlines(), maxlen=lines))
         except OSError:
             return "(no log)"
+
+    def log_since_start(self, max_bytes: int = 256_000) -> str:
+        """What the current (or last) run of the child wrote: the log after its start line, at most `max_bytes`."""
+        try:
+            data = self._log_end(max_bytes)
+        except OSError:
+            return ""
+        mark = data.rfind(START_MARK)
+        if mark >= 0:
+            data = data[data.find(b"\n", mark + len(START_MARK)) + 1:]
+        return data.decode(errors="replace")
 
 
 def stop_all(children: list[Child], grace_s: float = 10.0) -> None:
