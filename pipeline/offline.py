@@ -14,9 +14,10 @@ def make_llm(cfg: Config, model_dir: str) -> Any:
 
     from pipeline.producer.engine import configure_cpu_env, engine_kwargs
 
-    if current_platform.is_cpu():
+    cpu = current_platform.is_cpu()
+    if cpu:
         configure_cpu_env(cfg.producers.engine)
-    kwargs = engine_kwargs(model_dir, cfg.model.dtype, cfg.producers.engine, cfg.run.seed)
+    kwargs = engine_kwargs(model_dir, cfg.model.dtype, cfg.producers.engine, cfg.run.seed, cpu)
     kwargs.pop("worker_extension_cls", None)  # no weight reloads offline
     return LLM(**kwargs)
 

@@ -25,6 +25,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -268,30 +269,38 @@ def _is_current(model_dir: Path, seed: int) -> bool:
 
 
 def ensure_tiny_model(out_dir: str | Path, seed: int = 0, *, force: bool = False, log=print) -> Path:
-    """Return `out_dir` holding a current tiny model for `seed`, building it first if missing or stale.
+    """Return `out_dir` holding a current tiny model for `seed`, building it first if missing or stale."""
+    return build_once(out_dir, lambda d: _is_current(d, seed), lambda d: build_tiny_model(d, seed=seed, log=log),
+                      STATS_FILE, "tiny-model", force=force)
+
+
+def build_once(out_dir: str | Path, is_current: Callable[[Path], bool], build: Callable[[Path], Any],
+               stats_file: str, kind: str, *, force: bool = False) -> Path:
+    """Return `out_dir` after `build(tmp_dir)` made it, unless `is_current(out_dir)` already holds.
 
     Safe for concurrent callers: an exclusive lock on a sibling `.NAME.lock` file serialises builders (the
     second waits, then finds the finished build), and a build is published by renaming a finished temp
-    directory into place, so nobody ever sees a half-written model directory.
+    directory into place, so nobody ever sees a half-written model directory. `stats_file` marks a finished
+    build: a non-empty directory without it is refused (named as a `kind` directory) rather than replaced.
     """
     import fcntl
     import shutil
     import tempfile
 
     out = Path(out_dir).absolute()
-    if not force and _is_current(out, seed):
+    if not force and is_current(out):
         return out
-    if out.exists() and not (out.is_dir() and (read_stats(out) is not None or not any(out.iterdir()))):
-        raise ValueError(f"{out} exists and is not a tiny-model directory (no {STATS_FILE}); "
+    if out.exists() and not (out.is_dir() and ((out / stats_file).is_file() or not any(out.iterdir()))):
+        raise ValueError(f"{out} exists and is not a {kind} directory (no {stats_file}); "
                          f"pass an empty or new directory")
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
-        if not force and _is_current(out, seed):
+        if not force and is_current(out):
             return out
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         try:
-            build_tiny_model(tmp, seed=seed, log=log)
+            build(tmp)
             if out.exists():  # rename cannot replace a non-empty directory: move the old one aside first
                 old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
                 out.rename(old)  # onto an empty directory: allowed

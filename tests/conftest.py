@@ -26,3 +26,12 @@ def procs():
         if p.poll() is None:
             p.kill()
         p.wait()
+
+
+@pytest.fixture(scope="session")
+def realistic_model_dir() -> Path:
+    """A model of realistic shape (BPE 8k vocabulary, chat template, tied embeddings, GQA), built once per
+    checkout (~2 min on one core) into .cache/realistic-model; see tests/support/realistic_model.py."""
+    from tests.support.realistic_model import ensure_realistic_model
+
+    return ensure_realistic_model()

@@ -38,6 +38,7 @@ from pipeline.protocol import RoundAssignment
 log = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "pipeline.producer.worker_ext.WeightReloadExtension"
+CPU_BATCHED_TOKENS = 4096  # tokens per engine step on the CPU backend (vLLM's own CPU default)
 
 
 class RoundAborted(Exception):
@@ -74,8 +75,15 @@ def round_seed(run_seed: int, round_id: int) -> int:
     return int.from_bytes(digest, "little") % (2**31 - 4096)
 
 
-def engine_kwargs(model_path: str, model_dtype: str, engine_cfg: EngineConfig, seed: int) -> dict[str, Any]:
-    """The `AsyncEngineArgs` keyword arguments for one producer engine (`engine_cfg.extra` wins)."""
+def engine_kwargs(model_path: str, model_dtype: str, engine_cfg: EngineConfig, seed: int,
+                  cpu: bool = False) -> dict[str, Any]:
+    """The `AsyncEngineArgs` keyword arguments for one producer engine (`engine_cfg.extra` wins).
+
+    `cpu`: the engine runs on vLLM's CPU backend. Every sample carries its own seed (reproducible sampling); the
+    CPU backend cannot rewind a request's generator after a partial prefill (chunked prefill of a long prompt:
+    "CPU Generator does not use offset", and the engine dies), so there chunked prefill is off and one step's
+    token budget holds any whole prompt.
+    """
     max_len = engine_cfg.max_model_len
     model_max = model_max_len(model_path)
     if model_max is not None and max_len > model_max:
@@ -96,7 +104,13 @@ def engine_kwargs(model_path: str, model_dtype: str, engine_cfg: EngineConfig, s
         worker_extension_cls=WORKER_EXTENSION,
         disable_log_stats=True,
     )
+    if cpu:
+        kwargs.update(enable_chunked_prefill=False,
+                      max_num_batched_tokens=max(max_len, engine_cfg.max_num_seqs, CPU_BATCHED_TOKENS))
     kwargs.update(engine_cfg.extra)
+    if cpu and kwargs.get("enable_chunked_prefill"):
+        raise ValueError("producers.engine.extra: enable_chunked_prefill = true crashes vLLM's CPU backend with "
+                         "per-sample seeds (\"CPU Generator does not use offset\"); remove it from the config")
     return kwargs
 
 
@@ -138,7 +152,7 @@ class Engine:
                              "(model.path, or --model DIR)")
         if current_platform.is_cpu():
             configure_cpu_env(engine_cfg)
-        args = AsyncEngineArgs(**engine_kwargs(str(path), model_dtype, engine_cfg, seed))
+        args = AsyncEngineArgs(**engine_kwargs(str(path), model_dtype, engine_cfg, seed, current_platform.is_cpu()))
         llm = AsyncLLM.from_engine_args(args)
         await llm.get_supported_tasks()  # cached from now on: `generate` then never suspends before registering
         engine = cls(llm, engine_cfg, sampling_cfg, seed)
