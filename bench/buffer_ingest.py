@@ -80,7 +80,7 @@ def buffer_ingest(num_rounds: int, tokens: int) -> tuple[float, dict]:
     router = free_port_pair()
     control = router + 1
     cmd = [sys.executable, "-m", "pipeline.cli", "buffer", "--model", "unused", "--data.template", "{problem}=",
-           "--endpoints.router_port", str(router), "--endpoints.control_port", str(control),
+           "--endpoints.router_port", str(router),
            "--learner.batch_prompts", str(num_rounds * 2), "--learner.mini_batches", "1",
            "--learner.eval_every", "0", "--data.num_arithmetic_train", str(num_rounds * 2),
            "--run.dir", "/tmp/reinforce-ada-bench", "--buffer.lease_s", "600"]

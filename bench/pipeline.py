@@ -27,7 +27,7 @@ WARMUP = 2  # steps left out of the medians (engine/learner start-up)
 
 def _buffer(run_dir: Path, port: int, batch: int, staleness: int, model_dir: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "pipeline.cli", "buffer", "--model", model_dir, "--data.template", "{problem}=",
-           "--endpoints.router_port", str(port), "--endpoints.control_port", str(port + 1),
+           "--endpoints.router_port", str(port),
            "--learner.batch_prompts", str(batch), "--learner.mini_batches", "1", "--learner.eval_every", "0",
            "--buffer.max_staleness", str(staleness), "--run.dir", str(run_dir), "--run.name", "bench"]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
 def buffer_command(port: int, run_dir, *overrides: str, batch: int = 8) -> list[str]:
     """`reinforce-ada buffer` on 127.0.0.1:port (control port + 1) with the built-in arithmetic prompts."""
     return [sys.executable, "-m", "pipeline.cli", "buffer", "--model", "unused",
-            "--endpoints.router_port", str(port), "--endpoints.control_port", str(port + 1),
+            "--endpoints.router_port", str(port),
             "--run.dir", str(run_dir), "--data.template", "{problem}=", "--learner.batch_prompts", str(batch),
             "--learner.mini_batches", "1", "--learner.eval_every", "0", *overrides]
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def _buffer_cmd(router, control, run_dir, *extra):
     return [sys.executable, "-m", "pipeline.cli", "buffer", "--model", "unused",
-            "--endpoints.router_port", str(router), "--endpoints.control_port", str(control),
+            "--endpoints.router_port", str(router),
             "--run.dir", str(run_dir), "--data.template", "{problem}=", "--learner.batch_prompts", "8",
             "--learner.mini_batches", "1", "--learner.eval_every", "0", "--buffer.heartbeat_timeout_s", "3",
             *extra]

@@ -17,8 +17,7 @@ def test_train_end_to_end(tmp_path, tiny_model_dir):
     cmd = [sys.executable, "-m", "pipeline.cli", "train", "--config", str(REPO / "configs" / "tiny.toml"),
            "--run.dir", str(tmp_path), "--run.name", "e2e", "--learner.num_steps", str(steps),
            "--learner.batch_prompts", "16", "--learner.checkpoint_every", "2", "--learner.eval_every", "2",
-           "--eval.num_problems", "40", "--producers.count", "2", "--endpoints.router_port", "0",
-           "--endpoints.control_port", "0"]
+           "--eval.num_problems", "40", "--producers.count", "2", "--endpoints.router_port", "0"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     run = tmp_path / "e2e"
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + _logs(run)

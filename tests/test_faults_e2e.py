@@ -50,7 +50,7 @@ def test_killed_processes_are_restarted_and_training_continues(tmp_path, tiny_mo
     cmd = [sys.executable, "-m", "pipeline.cli", "train", "--config", str(REPO / "configs" / "tiny.toml"),
            "--run.dir", str(tmp_path), "--run.name", "faults", "--learner.num_steps", "12",
            "--learner.batch_prompts", "16", "--learner.checkpoint_every", "2", "--learner.eval_every", "0",
-           "--buffer.heartbeat_timeout_s", "5", "--endpoints.router_port", "0", "--endpoints.control_port", "0"]
+           "--buffer.heartbeat_timeout_s", "5", "--endpoints.router_port", "0"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_steps(run, 3, proc)
