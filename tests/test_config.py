@@ -1,5 +1,6 @@
 """Configuration: every shipped file loads, overrides apply, and bad values name the field and the fix."""
 
+import re
 import subprocess
 import sys
 import tomllib
@@ -77,10 +78,21 @@ def test_overrides_both_forms():
         (["--sampling.temperature", "0"], "sampling.temperature"),
         (["--sampling"], "missing value"),
         (["sampling.round_size"], "expected --section.key VALUE"),
+        (["--learner.lr", "-1"], "learner.lr: must be > 0, got -1 (AdamW learning rate"),
+        (["--learner.lr", "fast"], 'learner.lr: expected float, got "fast"'),
+        (["--sampling.exit_rule", "bal"], 'sampling.exit_rule: \'bal\' is not allowed (did you mean "balance"?)'),
+        (["--data.arithmetic_levels", "[4]"], "data.arithmetic_levels: 4 is not allowed; choose one of 1, 2, 3"),
+        (["--data.train_files", "[]"], "data.train_files: must not be empty"),
+        (["--sampling.top_p", "1.5"], "sampling.top_p: must be in (0, 1], got 1.5"),
+        (["--producers.count", "1", "--producers.devices", '["0", "1"]'],
+         "producers.devices: give one entry per producer (`producers.count` = 1) or none"),
+        (["--producers.engine", "3"], "producers.engine: must be a table"),
+        (["--endpoints.control_port", "5556"], "endpoints.control_port: no longer a setting; it is always "
+                                               "endpoints.router_port + 1"),
     ],
 )
 def test_bad_values_name_the_field(overrides, expect):
-    with pytest.raises(ConfigError, match=expect.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=re.escape(expect)):
         load_config(None, overrides)
 
 
@@ -152,28 +164,6 @@ def test_error_paths_come_from_where_the_field_lives():
     with pytest.raises(ConfigError, match=r"^sampling\.round_size: `sampling\.round_size` \* `sampling\.max_rounds` "
                                           r"must be >= `sampling\.group_size` \(40\)"):
         SamplingConfig(group_size=40)
-
-
-@pytest.mark.parametrize(
-    "overrides, expect",
-    [
-        (["--learner.lr", "-1"], "learner.lr: must be > 0, got -1 (AdamW learning rate"),
-        (["--learner.lr", "fast"], 'learner.lr: expected float, got "fast"'),
-        (["--sampling.exit_rule", "bal"], 'sampling.exit_rule: \'bal\' is not allowed (did you mean "balance"?)'),
-        (["--data.arithmetic_levels", "[4]"], "data.arithmetic_levels: 4 is not allowed; choose one of 1, 2, 3"),
-        (["--data.train_files", "[]"], "data.train_files: must not be empty"),
-        (["--sampling.top_p", "1.5"], "sampling.top_p: must be in (0, 1], got 1.5"),
-        (["--producers.count", "1", "--producers.devices", '["0", "1"]'],
-         "producers.devices: give one entry per producer (`producers.count` = 1) or none"),
-        (["--producers.engine", "3"], "producers.engine: must be a table"),
-        (["--endpoints.control_port", "5556"], "endpoints.control_port: no longer a setting; it is always "
-                                               "endpoints.router_port + 1"),
-    ],
-)
-def test_errors_name_the_field_and_the_fix(overrides, expect):
-    with pytest.raises(ConfigError) as err:
-        load_config(None, overrides)
-    assert expect in str(err.value)
 
 
 def test_control_port_is_derived_from_the_router_port():
