@@ -44,4 +44,28 @@ class WeightReloadExtension:
         self.model_runner.reload_weights(weights_iterator=tensors())
         if count == 0:
             raise ValueError(f"weights file {file} holds no tensors")
-        return {"seconds": time.perf_counter() - start, "num_tensors": count}
+        refreshed = refresh_tied_cpu_kernels(self.model_runner.get_model())
+        return {"seconds": time.perf_counter() - start, "num_tensors": count, "refreshed": refreshed}
+
+
+def refresh_tied_cpu_kernels(model) -> int:
+    """Re-pack the CPU GEMM weights of layers that share their weight with another layer; returns how many.
+
+    vLLM's CPU backend packs each linear layer's weight for its GEMM kernel once, after loading. An in-place
+    reload re-packs the layers whose weights it loaded, but a tied output layer (`lm_head` sharing the input
+    embedding, as in Qwen2.5 and Llama 3.2) loads nothing of its own, so it would go on computing logits with
+    the packed copy of the OLD embedding: samples from stale weights, and log-probs the learner cannot match.
+    """
+    owners: dict[int, int] = {}
+    for _, module in model.named_modules():
+        for param in module.parameters(recurse=False):
+            owners[id(param)] = owners.get(id(param), 0) + 1
+    refreshed = 0
+    for _, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        method = getattr(module, "quant_method", None)
+        if (getattr(module, "cpu_linear", None) is not None and weight is not None and weight.numel()
+                and owners.get(id(weight), 0) > 1 and hasattr(method, "process_weights_after_loading")):
+            method.process_weights_after_loading(module)
+            refreshed += 1
+    return refreshed

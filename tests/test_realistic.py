@@ -1,0 +1,111 @@
+"""The pipeline on a model of realistic shape (tests/support/realistic_model.py): a BPE tokenizer with an 8k
+vocabulary, a chat template, tied embeddings, GQA, prompts of 50-500 tokens and hundreds of concurrent requests.
+The tiny character model never splits a prompt across engine steps nor fills a batch with long prompts; these
+tests exist because such bugs only show with real shapes."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.realistic_model import write_problems
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).parents[1]
+
+
+@pytest.fixture(scope="module")
+def problems(tmp_path_factory) -> Path:
+    return write_problems(tmp_path_factory.mktemp("data") / "addition.jsonl", 400, seed=5)
+
+
+def _cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_prompts_span_50_to_500_tokens(realistic_model_dir, problems):
+    from transformers import AutoTokenizer
+
+    from pipeline.data import load_dataset, render_prompt
+
+    tok = AutoTokenizer.from_pretrained(realistic_model_dir)
+    assert len(tok) >= 8192 and tok.chat_template
+    lengths = sorted(len(tok(render_prompt(ex.problem, "auto", tok))["input_ids"]) for ex in load_dataset(problems))
+    assert lengths[0] >= 50 and lengths[-1] <= 520 and lengths[len(lengths) // 2] > 150, lengths[::40]
+    config = json.loads((realistic_model_dir / "config.json").read_text())
+    assert config["tie_word_embeddings"] and config["num_key_value_heads"] < config["num_attention_heads"]
+
+
+def test_eval_with_long_prompts_and_hundreds_of_concurrent_requests(realistic_model_dir, problems, tmp_path):
+    # 400 prompts x k = 4: 1,600 seeded requests of 50-500 prompt tokens at once. With chunked prefill on the CPU
+    # backend a partly prefilled seeded request killed the engine ("CPU Generator does not use offset").
+    out = tmp_path / "eval.json"
+    proc = _cli("eval", "--model", str(realistic_model_dir), "--data", str(problems), "--k", "4",
+                "--max-new-tokens", "24", "--producers.engine.max_model_len", "1024", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["benchmarks"]["addition"]["problems"] == 400
+    assert 0.05 < result["weighted_ave_at_k"] < 0.8  # the model is built to a pass rate of about 0.25
+
+
+def test_engine_on_long_prompts_matches_the_learner_and_reloads_tied_weights(realistic_model_dir, problems,
+                                                                             tmp_path):
+    """64 rounds x 8 samples of 50-500-token prompts at once on one engine: every sample's log-probs equal the
+    learner's for the same tokens (float32), before and after an in-place reload of weights whose tied
+    embedding changed (published without `lm_head.weight`, as the learner publishes a tied model)."""
+    import asyncio
+
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer
+
+    from pipeline import protocol as P
+    from pipeline.config import EngineConfig, SamplingConfig
+    from pipeline.consumer.model import load_model, token_logprobs
+    from pipeline.consumer.weights import publish_weights
+    from pipeline.data import load_dataset, render_prompt
+    from pipeline.producer.engine import Engine
+
+    tok = AutoTokenizer.from_pretrained(realistic_model_dir)
+    examples = load_dataset(problems)[:64]
+    prompts = [render_prompt(ex.problem, "auto", tok) for ex in examples]
+    model = load_model(realistic_model_dir).eval()
+
+    def check(outputs, model):
+        for out in outputs:
+            for c in out.completions:
+                ids = torch.tensor([out.prompt_token_ids.tolist() + c.token_ids.tolist()])
+                mask = torch.zeros_like(ids, dtype=torch.bool)
+                mask[0, len(out.prompt_token_ids) - 1: -1] = True
+                with torch.no_grad():
+                    ref, _ = token_logprobs(model, ids, None, 1.0, mask_BT=mask, with_entropy=False)
+                assert np.abs(ref[0][mask[0]].numpy() - c.logprobs).max() <= 1e-4
+
+    async def scenario():
+        engine = await Engine.start(realistic_model_dir, "float32", EngineConfig(max_model_len=1024),
+                                    SamplingConfig(round_size=8, max_new_tokens=24), seed=0)
+        try:
+            rounds = [P.RoundAssignment(i, i, p, ex.answer, 8, 60.0) for i, (p, ex) in enumerate(zip(prompts,
+                                                                                                    examples))]
+            before = await asyncio.gather(*(engine.generate_round(a) for a in rounds))
+            with torch.no_grad():  # new weights: the tied embedding (and so the output layer) moves
+                model.model.embed_tokens.weight.mul_(1.5)
+            state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+            ann = publish_weights(state, tmp_path / "weights", 1)
+            await engine.load_weights(ann.uri, 1)
+            after = await asyncio.gather(*(engine.generate_round(
+                P.RoundAssignment(1000 + a.round_id, a.prompt_id, a.prompt, a.answer, 8, 60.0)) for a in rounds))
+            return before, after
+        finally:
+            await engine.shutdown()
+
+    reference = load_model(realistic_model_dir).eval()
+    before, after = asyncio.run(scenario())
+    assert all(len(o.completions) == 8 for o in before + after)
+    assert min(len(o.prompt_token_ids) for o in before) >= 50
+    check(before, reference)
+    check(after, model)
+    assert all(c.version == 1 for o in after for c in o.completions)
