@@ -287,9 +287,11 @@ def test_take_batch_is_fifo_and_checks_staleness():
     work = s.request_work("p", 3, 0.0)
     for a in reversed(work):
         submit(s, a, [1, 1, 0, 0])
+    s.set_learner_version(1, 0.0)
     groups = s.take_batch(1, 2)
     assert [g.prompt_id for g in groups] == [work[2].prompt_id, work[1].prompt_id]
     assert s.metrics()["groups_consumed"] == 2
+    s.set_learner_version(2, 0.0)
     assert s.take_batch(2, 1) is None  # v0 samples are 2 behind: the last group was re-opened
     assert s.metrics()["reopened"] == 1 and s.metrics()["active"] == 1
     with pytest.raises(ValueError, match="num_groups"):
@@ -394,11 +396,14 @@ def test_reopened_group_is_released_again_from_its_fresh_samples():
     s.check_invariants()
 
 
-def test_take_batch_queues_the_rounds_its_version_bump_aborts():
+def test_only_set_learner_version_moves_the_version_and_it_returns_the_aborts():
     s = make(batch=1, max_staleness=0, round_size=4)
     (a,) = s.request_work("p", 1, 0.0)
-    assert s.take_batch(1, 1) is None
-    assert s.pop_aborts() == [a.round_id] and s.pop_aborts() == []
+    with pytest.raises(ValueError, match="set_learner_version"):
+        s.take_batch(1, 1)  # a learner ahead of the scheduler: the version is not moved behind its back
+    assert s.learner_version == 0 and s.metrics()["rounds_aborted"] == 0
+    assert s.set_learner_version(1, 0.0) == [a.round_id] and s.set_learner_version(1, 0.0) == []
+    assert s.take_batch(1, 1) is None and s.take_batch(0, 1) is None  # a learner behind may still ask
 
 
 def test_rounds_lost_to_staleness_are_refunded_but_capped():

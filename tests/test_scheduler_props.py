@@ -124,6 +124,7 @@ class Driver:
             s.set_learner_version(s.learner_version + ev[1], self.now)
         elif kind == "take":
             version = s.learner_version + ev[2]
+            s.set_learner_version(version, self.now)
             groups = s.take_batch(version, ev[1], self.now)
             if groups is not None:
                 assert len(groups) == ev[1]

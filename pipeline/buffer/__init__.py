@@ -1,27 +1,36 @@
-"""The rollout buffer: pure scheduling logic (this package's public API) and, around it, the ZeroMQ service."""
+"""The rollout buffer: pure scheduling logic (this package's public API) and, around it, the ZeroMQ service.
 
+Where things are: `logic.py` (downsampling, advantages), `exit_rules.py` (when a prompt stops sampling: a new
+rule goes there), `state.py` (a prompt's pool, round ids), `pools.py` (active and waiting prompts, release),
+`scheduler.py` (rounds, leases, versions), `evals.py` (held-out evaluation rounds), `core.py` (every message,
+without sockets), `service.py` (the sockets), `snapshot.py` (--resume), `metrics.py` and `progress.py` (what the
+buffer reports).
+"""
+
+from pipeline.buffer.exit_rules import EXIT_RULES, ExitRule, exit_reached, make_exit_rule
 from pipeline.buffer.logic import (
     DOWNSAMPLE_POLICIES,
-    EXIT_RULES,
     MIN_STD,
     downsample,
-    exit_reached,
     group_advantages,
     has_signal,
     is_positive,
     pool_advantages,
 )
-from pipeline.buffer.scheduler import Released, Scheduler, SubmitOutcome
-from pipeline.buffer.state import InFlight, PoolSample, PromptState
+from pipeline.buffer.pools import Released, SubmitOutcome
+from pipeline.buffer.scheduler import Scheduler
+from pipeline.buffer.state import InFlight, PoolSample, PromptState, RoundIds
 
 __all__ = [
     "DOWNSAMPLE_POLICIES",
     "EXIT_RULES",
     "MIN_STD",
+    "ExitRule",
     "InFlight",
     "PoolSample",
     "PromptState",
     "Released",
+    "RoundIds",
     "Scheduler",
     "SubmitOutcome",
     "downsample",
@@ -29,5 +38,6 @@ __all__ = [
     "group_advantages",
     "has_signal",
     "is_positive",
+    "make_exit_rule",
     "pool_advantages",
 ]

@@ -1,4 +1,4 @@
-"""The Reinforce-Ada algorithm core: exit rules, downsampling and advantages, as pure functions.
+"""The Reinforce-Ada algorithm core: downsampling and advantages, as pure functions (exit rules: exit_rules.py).
 
 Reinforce-Ada (arXiv 2510.04996) samples a prompt in rounds until its pool of samples holds enough signal, then
 keeps a balanced group of n of them and computes each kept sample's advantage from the statistics of the whole
@@ -20,7 +20,6 @@ import math
 import random
 from collections.abc import Sequence
 
-EXIT_RULES = ("balance", "pos", "fixed")
 DOWNSAMPLE_POLICIES = ("first", "freshest", "random")
 MIN_STD = 1e-6  # std clamp: a near-constant pool must not blow the advantages up
 
@@ -28,22 +27,6 @@ MIN_STD = 1e-6  # std clamp: a near-constant pool must not blow the advantages u
 def is_positive(reward: float, threshold: float) -> bool:
     """True when `reward` counts as a positive (correct) sample: strictly above `threshold`."""
     return reward > threshold
-
-
-def exit_reached(num_pos: int, num_neg: int, rule: str, n: int) -> bool:
-    """Whether a pool with `num_pos` positives and `num_neg` negatives may stop sampling under `rule`.
-
-    - "balance": at least n // 2 positives and at least n - n // 2 negatives (the paper's Reinforce-Ada-balance);
-    - "pos": at least one positive (Reinforce-Ada-pos);
-    - "fixed": GRPO, which exits after its single round of n samples, i.e. once the pool holds n samples.
-    """
-    if rule == "balance":
-        return num_pos >= n // 2 and num_neg >= n - n // 2
-    if rule == "pos":
-        return num_pos >= 1
-    if rule == "fixed":
-        return num_pos + num_neg >= n
-    raise ValueError(f"unknown exit rule {rule!r}; use one of {', '.join(EXIT_RULES)}")
 
 
 def downsample(

@@ -434,12 +434,9 @@ class BufferService:
         cfg = self.cfg
         try:
             self.scheduler = Scheduler.restore(snap.scheduler, cfg.sampling, cfg.buffer, cfg.learner.batch_prompts,
-                                               prompts)
+                                               prompts, round_id_offset=RESUME_ROUND_ID_GAP)
         except ValueError as exc:
             raise ValueError(f"cannot resume from {path}: {exc}") from None
-        # Scheduler.restore continues the round ids at the snapshot's counter; skip past any the crashed buffer
-        # issued since (there is no public setter: the scheduler never needs one otherwise)
-        self.scheduler._next_round_id += RESUME_ROUND_ID_GAP
         self.eval_round_id = snap.eval_round_id + RESUME_ROUND_ID_GAP
         self.learner_version = snap.learner_version
         self.latest_weights = snap.latest_weights

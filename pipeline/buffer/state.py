@@ -1,4 +1,5 @@
-"""Per-prompt state of the rollout buffer: the pool of samples a prompt has collected and its round bookkeeping.
+"""Per-prompt state of the rollout buffer: the pool of samples a prompt has collected and its round bookkeeping,
+and the round id allocator that training and evaluation rounds share.
 
 A `PromptState` lives from the prompt's admission until its group is handed to the learner (or it is dropped).
 Its pool holds samples in generation order; `num_pos` / `num_neg` / `rounds_completed` are caches of the pool.
@@ -8,7 +9,9 @@ Invariants (checked by `PromptState.check`):
 - rounds_completed == the number of distinct rounds that still have a sample in the pool, so evicting stale
   samples refunds a round only when it lost all of them (a prompt never runs out of rounds because its
   samples went stale);
-- at most one round is in flight (`in_flight`), and it is the only round whose result may be accepted.
+- at most one round is in flight (`in_flight`), and it is the only round whose result may be accepted;
+- a round id is never handed out twice, whatever the round's kind (`RoundIds`): producers key running rounds by
+  id, and an Abort names ids.
 
 Structs here are msgspec Structs so a scheduler snapshot is one msgpack encode; numpy arrays go through
 `enc_hook` / `dec_hook` as [dtype, shape, bytes].
@@ -22,8 +25,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from pipeline import protocol as P
 from pipeline.buffer.logic import is_positive
-from pipeline.protocol import Group, Sample
 
 
 def _empty_ids() -> np.ndarray:
@@ -34,7 +37,7 @@ class PoolSample(msgspec.Struct, gc=False):
     """One accepted sample in a prompt's pool. It keeps the decoded wire Sample itself (validated once, its arrays
     still views on the received frames), so handing it to the learner copies nothing."""
 
-    sample: Sample
+    sample: P.Sample
     round_index: int  # which accepted round of this prompt it came from (0, 1, ...; never reused)
     positive: bool  # is_positive(reward, threshold), fixed at acceptance
 
@@ -58,8 +61,26 @@ class PoolSample(msgspec.Struct, gc=False):
     def finish_reason(self) -> str:
         return self.sample.finish_reason
 
-    def to_sample(self) -> Sample:
+    def to_sample(self) -> P.Sample:
         return self.sample
+
+
+class RoundIds:
+    """The one round id allocator of a buffer, shared by the Scheduler (training) and Evals (evaluation)."""
+
+    def __init__(self, next_id: int = 0) -> None:
+        assert next_id >= 0, next_id
+        self.next_id = next_id
+
+    def take(self) -> int:
+        """A fresh round id."""
+        round_id = self.next_id
+        self.next_id += 1
+        return round_id
+
+    def issued(self, round_id: int) -> bool:
+        """Whether `round_id` was ever handed out (by this allocator, of either kind)."""
+        return 0 <= round_id < self.next_id
 
 
 class InFlight(msgspec.Struct, gc=False):
@@ -90,7 +111,7 @@ class PromptState(msgspec.Struct):
     accepted_round_ids: list[int] = []  # to tell a duplicate result from a late one while the prompt lives
     in_flight: InFlight | None = None
 
-    def add_round(self, round_id: int, samples: Sequence[Sample], threshold: float) -> None:
+    def add_round(self, round_id: int, samples: Sequence[P.Sample], threshold: float) -> None:
         """Record accepted round `round_id` and append its samples (already filtered for staleness) to the pool."""
         index = self.rounds_accepted
         self.rounds_accepted += 1
@@ -127,9 +148,9 @@ class PromptState(msgspec.Struct):
     def versions(self) -> list[int]:
         return [s.version for s in self.pool]
 
-    def build_group(self, kept: Sequence[int], advantages: Sequence[float], resolved: bool) -> Group:
+    def build_group(self, kept: Sequence[int], advantages: Sequence[float], resolved: bool) -> P.Group:
         """The protocol Group of the kept pool indices (in pool order) with their advantages."""
-        return Group(
+        return P.Group(
             prompt_id=self.prompt_id,
             prompt_token_ids=self.prompt_token_ids,
             samples=[self.pool[i].to_sample() for i in kept],

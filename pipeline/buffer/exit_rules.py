@@ -1,0 +1,98 @@
+"""Exit rules: when a prompt stops sampling, how big its rounds are, and which baseline its advantages use.
+
+This is the one place a new rule goes: a subclass of `ExitRule` below, its name in `RULES`, and the same name
+among the choices of `sampling.exit_rule` (pipeline/config/schema.py). The Scheduler asks the rule object and
+never tests a rule's name.
+
+Invariants:
+- `reached` depends only on the pool's positive and negative counts and n (the Scheduler checks it after every
+  accepted round, and releases the prompt once it holds and the pool has >= n samples);
+- `advantages` returns one value per kept index, in the order given;
+- a rule with `whole_rounds` never keeps part of a round: a round that loses a sample to staleness loses all of
+  them (GRPO's group must be exactly one complete round).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar
+
+from pipeline.buffer import logic
+from pipeline.config import SamplingConfig
+
+
+class ExitRule(ABC):
+    """When a prompt may stop sampling, and the advantage baseline of the group it releases."""
+
+    name: ClassVar[str]
+    whole_rounds: ClassVar[bool] = False  # stale eviction removes whole rounds, never part of one
+
+    def round_size(self, sampling: SamplingConfig) -> int:
+        """Samples per round: M (sampling.round_size) unless the rule fixes it."""
+        return sampling.round_size
+
+    @abstractmethod
+    def reached(self, num_pos: int, num_neg: int, n: int) -> bool:
+        """Whether a pool with `num_pos` positives and `num_neg` negatives may stop sampling (group size n)."""
+
+    def advantages(self, pool_rewards: Sequence[float], kept: Sequence[int], normalize_std: bool) -> list[float]:
+        """The kept samples' advantages: Reinforce-Ada's r_i - mean(whole pool), optionally / std(whole pool)."""
+        return logic.pool_advantages(pool_rewards, kept, normalize_std)
+
+
+class Balance(ExitRule):
+    """Reinforce-Ada-balance: at least n // 2 positives and at least n - n // 2 negatives."""
+
+    name = "balance"
+
+    def reached(self, num_pos: int, num_neg: int, n: int) -> bool:
+        return num_pos >= n // 2 and num_neg >= n - n // 2
+
+
+class Pos(ExitRule):
+    """Reinforce-Ada-pos: at least one positive."""
+
+    name = "pos"
+
+    def reached(self, num_pos: int, num_neg: int, n: int) -> bool:
+        return num_pos >= 1
+
+
+class Fixed(ExitRule):
+    """GRPO: one round of exactly n samples, advantages from the group's own statistics."""
+
+    name = "fixed"
+    whole_rounds = True
+
+    def round_size(self, sampling: SamplingConfig) -> int:
+        return sampling.group_size
+
+    def reached(self, num_pos: int, num_neg: int, n: int) -> bool:
+        return num_pos + num_neg >= n
+
+    def advantages(self, pool_rewards: Sequence[float], kept: Sequence[int], normalize_std: bool) -> list[float]:
+        assert len(pool_rewards) == len(kept), "a fixed (GRPO) pool is exactly one round of n"
+        return logic.group_advantages([pool_rewards[i] for i in kept], normalize_std)
+
+
+RULES: dict[str, type[ExitRule]] = {rule.name: rule for rule in (Balance, Pos, Fixed)}
+EXIT_RULES = tuple(RULES)
+
+
+def make_exit_rule(name: str) -> ExitRule:
+    """The rule called `name` (sampling.exit_rule). Raises ValueError naming the known rules."""
+    try:
+        return RULES[name]()
+    except KeyError:
+        raise ValueError(f"unknown exit rule {name!r}; use one of {', '.join(EXIT_RULES)}") from None
+
+
+def exit_reached(num_pos: int, num_neg: int, rule: str, n: int) -> bool:
+    """Whether a pool with `num_pos` positives and `num_neg` negatives may stop sampling under rule `rule`.
+
+    - "balance": at least n // 2 positives and at least n - n // 2 negatives (the paper's Reinforce-Ada-balance);
+    - "pos": at least one positive (Reinforce-Ada-pos);
+    - "fixed": GRPO, which exits after its single round of n samples, i.e. once the pool holds n samples.
+    """
+    return make_exit_rule(rule).reached(num_pos, num_neg, n)
