@@ -65,6 +65,9 @@ def corpus_texts() -> list[str]:
 
 def passages(seed: int = 0) -> list[str]:
     """Distractor passages (benchmark problem texts) to put in front of questions."""
+    if not any(BENCHMARKS.glob("*.jsonl")):
+        raise FileNotFoundError(f"no benchmark files in {BENCHMARKS}: the realistic model's text comes from the "
+                                "shared data beside the checkout (../shared/data/benchmarks)")
     out = []
     for path in sorted(BENCHMARKS.glob("*.jsonl")):
         for line in path.read_text().splitlines():
@@ -275,3 +278,16 @@ def ensure_realistic_model(out_dir: str | Path = DEFAULT_DIR, seed: int = 0, *, 
 
     return build_once(out_dir, current, lambda d: build(d, seed=seed, log=log), STATS_FILE, "realistic-model",
                       force=force)
+
+
+def save_untrained(out_dir: str | Path, seed: int = 0) -> Path:
+    """The same tokenizer and shape with random weights: it almost never emits EOS, so every sample runs to
+    max_new_tokens (a generation-bound workload for throughput benchmarks; its reward is always 0)."""
+    import torch
+
+    out = Path(out_dir)
+    torch.manual_seed(seed)
+    tokenizer = make_tokenizer(corpus_texts())
+    make_model(tokenizer).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

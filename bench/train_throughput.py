@@ -1,0 +1,168 @@
+"""Generation speed inside a real `reinforce-ada train` run against vLLM offline on the same model and cores.
+
+    .venv/bin/python -m bench.train_throughput [--steps 12] [--max-new-tokens 48] [--prompts 400]
+
+The model has the realistic test model's shape and tokenizer (tests/support/realistic_model.py: BPE 8k
+vocabulary, chat template, tied embeddings, GQA) and the prompts are 50-500 tokens long. Two parts, one run:
+
+1. Generation throughput, generation-bound as a real run is (a 1.5B model decodes 2048 tokens per sample):
+   the model's weights are random, so every sample runs to max_new_tokens, and the run is GRPO (`fixed`, zero-
+   variance groups kept: its reward is always 0). Side by side:
+   - offline: `vllm.LLM.generate` on every prompt (n = round size, T = 1, the same max_new_tokens), as one engine
+     with both cores and as two engines with one core each, running at the same time;
+   - train: `reinforce-ada train` (buffer, producers, learner and reward workers on the same machine) with one
+     producer on two cores and with two producers on one core each; the producers' generated tokens/s comes
+     from the heartbeat gauges the buffer records in metrics.jsonl (`producers/tokens_per_s`, steps after the
+     first).
+2. Time to the first learner step, with the trained realistic model and Reinforce-Ada-balance: engine start-up
+   and the time from the engines being ready to the first learner step, from the run's logs.
+Ratios are train / best offline. Writes bench/results/train_throughput.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+OFFLINE = """
+import json, os, sys, time
+from vllm import LLM, SamplingParams
+from transformers import AutoTokenizer
+from pipeline.data import load_dataset, render_prompt
+if __name__ == "__main__":
+    model, data, k, new_tokens, part, parts = sys.argv[1:7]
+    k, new_tokens, part, parts = int(k), int(new_tokens), int(part), int(parts)
+    tok = AutoTokenizer.from_pretrained(model)
+    exs = load_dataset(data)[part::parts]
+    prompts = [render_prompt(ex.problem, "auto", tok) for ex in exs]
+    llm = LLM(model=model, max_model_len=1024, seed=0, enable_chunked_prefill=False, max_num_batched_tokens=4096)
+    llm.generate(prompts[:8], SamplingParams(n=k, max_tokens=new_tokens, seed=1), use_tqdm=False)  # warm-up
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, [SamplingParams(n=k, max_tokens=new_tokens, seed=i) for i in range(len(prompts))],
+                        use_tqdm=False)
+    dt = time.perf_counter() - t0
+    print("RESULT " + json.dumps({"tokens": sum(len(c.token_ids) for o in outs for c in o.outputs), "seconds": dt}))
+"""
+
+
+def offline(model: Path, data: Path, k: int, new_tokens: int, engines: int) -> dict:
+    """Generated tokens/s of `engines` offline engines run at once, the cores split evenly between them."""
+    threads = max(1, (os.cpu_count() or 2) // engines)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+           "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", OFFLINE, str(model), str(data), str(k), str(new_tokens),
+                               str(i), str(engines)], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True, cwd=ROOT) for i in range(engines)]
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=1800)
+        line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
+        if p.returncode != 0 or line is None:
+            raise RuntimeError(f"offline engine failed with exit code {p.returncode}")
+        results.append(json.loads(line[len("RESULT "):]))
+    tokens = sum(r["tokens"] for r in results)
+    seconds = max(r["seconds"] for r in results)  # they run at the same time: the pair is done when both are
+    return {"engines": engines, "threads": threads, "tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds}
+
+
+def _stamp(line: str) -> float | None:
+    m = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)", line)
+    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if m else None
+
+
+def train(model: Path, data: Path, run_dir: Path, producers: int, steps: int, new_tokens: int,
+          *extra: str) -> dict:
+    threads = max(1, (os.cpu_count() or 2) // producers)
+    cmd = [sys.executable, "-m", "pipeline.cli", "train", "--config", str(ROOT / "configs" / "tiny.toml"),
+           "--model.path", str(model), "--data.train_files", json.dumps([str(data)]), "--data.template", "auto",
+           "--learner.eval_every", "0", "--sampling.max_new_tokens", str(new_tokens),
+           "--producers.engine.max_model_len", "1024", "--producers.count", str(producers),
+           "--producers.engine.cpu_threads", str(threads), "--learner.num_steps", str(steps),
+           "--learner.checkpoint_every", "0", "--run.dir", str(run_dir), "--run.name", f"p{producers}{len(extra)}",
+           "--endpoints.router_port", "0", "--run.live", "false", *extra]
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    wall = time.time() - t0
+    run = run_dir / f"p{producers}{len(extra)}"
+    if proc.returncode != 0:
+        raise RuntimeError(f"train with {producers} producer(s) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    ready = []
+    for i in range(producers):
+        for line in (run / "logs" / f"producer-{i}.log").read_text(errors="replace").splitlines():
+            if "ready (model" in line and _stamp(line) is not None:
+                ready.append(_stamp(line))
+                break
+    steady = [r["producers/tokens_per_s"] for r in rows[1:]] or [rows[0]["producers/tokens_per_s"]]
+    return {"producers": producers, "threads": threads, "steps": len(rows), "wall_s": wall,
+            "engines_ready_s": max(ready) - t0 if ready else float("nan"),
+            "first_step_after_ready_s": rows[0]["time"] - max(ready) if ready else float("nan"),
+            "tokens_per_s": statistics.median(steady),
+            "step_seconds": statistics.median(r["step_seconds"] + r["wait_seconds"] for r in rows[1:] or rows)}
+
+
+def render(res: dict) -> str:
+    best = max(res["offline"], key=lambda r: r["tokens_per_s"])
+    lines = ["# Generation inside `reinforce-ada train` vs vLLM offline (realistic test model)", "",
+             f"`{res['command']}`: {res['prompts']} prompts of 50-500 tokens, {res['k']} samples each at T = 1, "
+             f"max_new_tokens {res['max_new_tokens']}, {os.cpu_count()} CPU cores, all measured in one run.", "",
+             "| setup | engines x threads | generated tokens/s | / best offline |", "|---|---|---:|---:|"]
+    for r in res["offline"]:
+        lines.append(f"| offline `LLM.generate` | {r['engines']} x {r['threads']} | {r['tokens_per_s']:.0f} | "
+                     f"{r['tokens_per_s'] / best['tokens_per_s']:.2f} |")
+    for r in res["train"]:
+        lines.append(f"| `train` (buffer, learner and reward workers share the cores) | {r['producers']} x "
+                     f"{r['threads']} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / best['tokens_per_s']:.2f} |")
+    lines += ["", "Time to the first learner step (trained realistic model, Reinforce-Ada-balance):", "",
+              "| train setup | engines ready after | first learner step after engines ready | s per step "
+              "(steady) | steps |", "|---|---:|---:|---:|---:|"]
+    for r in res["first_step"]:
+        lines.append(f"| {r['producers']} producer(s) x {r['threads']} thread(s) | {r['engines_ready_s']:.0f} s | "
+                     f"{r['first_step_after_ready_s']:.1f} s | {r['step_seconds']:.1f} s | {r['steps']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--prompts", type=int, default=400)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--k", type=int, default=4, help="samples per prompt offline (= sampling.group_size, GRPO's n)")
+    p.add_argument("--out", default=str(RESULTS / "train_throughput"))
+    args = p.parse_args(argv)
+    from tests.support.realistic_model import ensure_realistic_model, save_untrained, write_problems
+
+    trained = ensure_realistic_model()
+    with tempfile.TemporaryDirectory() as tmp:
+        untrained = save_untrained(Path(tmp) / "untrained")
+        data = write_problems(Path(tmp) / "addition.jsonl", args.prompts, seed=5)
+        runs = Path(tmp) / "runs"
+        grpo = ("--sampling.exit_rule", "fixed", "--buffer.unresolved", "keep")
+        res = {"command": "python -m bench.train_throughput " + " ".join(argv or sys.argv[1:]),
+               "prompts": args.prompts, "k": args.k, "max_new_tokens": args.max_new_tokens,
+               "offline": [offline(untrained, data, args.k, args.max_new_tokens, n) for n in (1, 2)],
+               "train": [train(untrained, data, runs, n, args.steps, args.max_new_tokens, *grpo) for n in (1, 2)],
+               "first_step": [train(trained, data, runs, n, 3, 48) for n in (1, 2)]}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
+    text = render(res)
+    out.with_suffix(".md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
