@@ -62,15 +62,20 @@ class WorkRequest(_Msg):
     version: int  # the weight version the producer's engine holds now
 
 
+ROUND_KINDS = ("train", "eval")  # RoundAssignment.kind / RoundResult.kind
+
+
 class RoundAssignment(_Msg):
     """One round of one prompt: generate `num_samples` completions of `prompt` and score them against `answer`."""
 
-    round_id: int  # unique per issue; a re-issued round gets a new id
-    prompt_id: int
+    round_id: int  # unique per issue, across both kinds; a re-issued round gets a new id
+    prompt_id: int  # training: the admission's prompt id; eval: the problem's index in the held-out set
     prompt: str  # already templated text
     answer: str
     num_samples: int
     lease_s: float  # the buffer re-issues the round if no result arrives within this many seconds
+    kind: str = "train"  # "train" | "eval" (held-out evaluation); the producer echoes it in its RoundResult
+    max_new_tokens: int = 0  # completion tokens per sample at most; 0 = the producer's sampling.max_new_tokens
 
 
 class WeightAnnouncement(_Msg):
@@ -123,6 +128,7 @@ class RoundResult(_Msg):
     prompt_token_ids: np.ndarray  # int32 [P]
     samples: list[Sample]
     gen_seconds: float  # wall time from the round's start to its last sample
+    kind: str = "train"  # the RoundAssignment's kind, echoed
 
     def __post_init__(self) -> None:
         _check_array("prompt_token_ids", self.prompt_token_ids, (np.dtype(np.int32),), ndim=1)

@@ -22,7 +22,9 @@ def group():
 ALL = [
     P.WorkRequest("p0", 8, 3),
     P.Assignments([P.RoundAssignment(1, 2, "1+1=", "2", 8, 30.0)], 4),
+    P.Assignments([P.RoundAssignment(3, 0, "2+2=", "4", 4, 30.0, "eval", 4096)], 4),
     P.RoundResult("p0", 1, 2, np.arange(3, dtype=np.int32), [sample(), sample(0)], 0.25),
+    P.RoundResult("p0", 3, 0, np.arange(3, dtype=np.int32), [sample()], 0.25, "eval"),
     P.Heartbeat("p0", "producer", 3, {"tokens_per_s": 10.0}),
     P.BatchRequest("learner", 3, 64, 1000),
     P.Batch(3, [group(), group()], {"active": 4.0}),
@@ -60,6 +62,18 @@ def test_arrays_travel_as_extra_frames_not_inline():
     assert len(frames) == 3
     assert len(frames[0]) < 100  # the header holds only descriptors
     assert sum(len(memoryview(f)) for f in frames[1:]) == 800_000
+
+
+def test_appended_fields_have_defaults_so_older_peers_still_decode():
+    """RoundAssignment.kind / max_new_tokens and RoundResult.kind were appended: a message from a peer that does not
+    know them decodes with the defaults (a training round, the producer's own max_new_tokens)."""
+    old = msgspec.msgpack.encode(["RoundResult", "p0", 1, 2, ["int32", [3], 1], [], 0.5])
+    out = P.Decoder(P.ToBuffer).decode([old, np.arange(3, dtype=np.int32).tobytes()])
+    assert out.kind == "train" and out.round_id == 1
+    a = P.RoundAssignment(1, 2, "q", "a", 8, 30.0)
+    assert (a.kind, a.max_new_tokens) == ("train", 0) and P.ROUND_KINDS == ("train", "eval")
+    fields = P.RoundAssignment.__struct_fields__
+    assert fields[-2:] == ("kind", "max_new_tokens") and P.RoundResult.__struct_fields__[-1] == "kind"
 
 
 def test_empty_non_contiguous_and_million_token_arrays():
