@@ -175,13 +175,14 @@ def test_slow_producer_never_stalls_training(tmp_path, procs):
 
 
 def _service(tmp_path, resume=False, **kw):
-    from pipeline.buffer.service import BufferService
+    """The buffer's socket-free core, as `reinforce-ada buffer` builds it."""
+    from pipeline.buffer.core import BufferCore
     from pipeline.config import load_config
 
     cfg = load_config(None, ["--run.dir", str(tmp_path), "--learner.batch_prompts", "4", "--learner.mini_batches",
                              "1", "--learner.eval_every", "0"])
     prompts = [(f"{i}+{i}=", str(2 * i)) for i in range(50)]
-    return BufferService(cfg, prompts, [], "tcp://127.0.0.1:*", "tcp://127.0.0.1:*", resume=resume, **kw)
+    return BufferCore(cfg, prompts, [], now=0.0, resume=resume, **kw)
 
 
 def _submit(svc, rnd, now: float, reward=None) -> None:
@@ -192,12 +193,12 @@ def _submit(svc, rnd, now: float, reward=None) -> None:
     samples = [P.Sample(np.arange(3, dtype=np.int32), np.zeros(3, np.float32),
                         float(i % 2) if reward is None else reward, svc.learner_version, "stop")
                for i in range(rnd.num_samples)]
-    svc._on_RoundResult(b"p", P.RoundResult("p", rnd.round_id, rnd.prompt_id, np.arange(2, dtype=np.int32),
-                                            samples, 0.0), now)
+    svc.handle(b"p", P.RoundResult("p", rnd.round_id, rnd.prompt_id, np.arange(2, dtype=np.int32), samples, 0.0),
+               now)
 
 
 def _drive(svc, steps: int, now: float = 0.0) -> None:
-    """Producer and learner events straight into the service's handlers (no sockets)."""
+    """Producer and learner events straight into the buffer's core (no sockets)."""
     from pipeline import protocol as P
 
     for _ in range(steps):
@@ -207,54 +208,44 @@ def _drive(svc, steps: int, now: float = 0.0) -> None:
             for rnd in rounds:
                 _submit(svc, rnd, now)
         version = svc.learner_version + 1
-        svc._on_VersionUpdate(b"l", P.VersionUpdate(version, P.WeightAnnouncement(version, f"/w/{version}", 9)),
-                              now)
+        svc.handle(b"l", P.VersionUpdate(version, P.WeightAnnouncement(version, f"/w/{version}", 9)), now)
         now += 1.0
 
 
 def test_snapshot_written_after_every_version_and_resumed(tmp_path):
-    from pipeline.buffer.service import RESUME_ROUND_ID_GAP
+    from pipeline.buffer.snapshot import RESUME_ROUND_ID_GAP
 
     svc = _service(tmp_path)
-    try:
-        _drive(svc, 3)
-        assert svc.counters["snapshots"] == 3 and svc.snapshot_path.is_file()
-        assert not list(svc.snapshot_path.parent.glob("*.tmp"))  # written via tmp + rename
-        svc.counters["malformed"] = 5
-        svc.write_snapshot()
-        before = svc.scheduler.metrics()
-        issued = svc.scheduler.request_work("p0", 4, 10.0)  # handed out after the snapshot: lost with the crash
-    finally:
-        svc.close()
+    _drive(svc, 3)
+    assert svc.counters["snapshots"] == 3 and svc.snapshot_path.is_file()
+    assert not list(svc.snapshot_path.parent.glob("*.tmp"))  # written via tmp + rename
+    svc.counters["malformed"] = 5
+    svc.write_snapshot()
+    before = svc.scheduler.metrics()
+    issued = svc.scheduler.request_work("p0", 4, 10.0)  # handed out after the snapshot: lost with the crash
     svc = _service(tmp_path, resume=True)
-    try:
-        after = svc.scheduler.metrics()
-        assert svc.resumed and svc.learner_version == 3 and svc.latest_weights.uri == "/w/3"
-        assert svc.counters["malformed"] == 5 and svc.counters["resumes"] == 1
-        for key in ("admitted", "released", "groups_consumed", "samples_received", "groups_waiting"):
-            assert after[key] == before[key], key
-        new = svc.scheduler.request_work("p1", 4, 11.0)
-        assert {r.prompt_id for r in new} >= {r.prompt_id for r in issued}  # the same prompts, issued again
-        assert min(r.round_id for r in new) >= max(r.round_id for r in issued) + RESUME_ROUND_ID_GAP - 8
-        # a late result for a round of the crashed buffer is ignored, never credited to another prompt
-        _submit(svc, issued[0], 12.0, reward=1.0)
-        assert svc.scheduler.metrics()["results_ignored"]["late"] == 1
-        for rnd in new:
-            _submit(svc, rnd, 12.0)
-        _drive(svc, 2)
-        svc.scheduler.check_invariants()
-        assert svc.learner_version == 5
-    finally:
-        svc.close()
+    after = svc.scheduler.metrics()
+    assert svc.resumed and svc.learner_version == 3 and svc.latest_weights.uri == "/w/3"
+    assert svc.counters["malformed"] == 5 and svc.counters["resumes"] == 1
+    for key in ("admitted", "released", "groups_consumed", "samples_received", "groups_waiting"):
+        assert after[key] == before[key], key
+    new = svc.scheduler.request_work("p1", 4, 11.0)
+    assert {r.prompt_id for r in new} >= {r.prompt_id for r in issued}  # the same prompts, issued again
+    assert min(r.round_id for r in new) >= max(r.round_id for r in issued) + RESUME_ROUND_ID_GAP - 8
+    # a late result for a round of the crashed buffer is ignored, never credited to another prompt
+    _submit(svc, issued[0], 12.0, reward=1.0)
+    assert svc.scheduler.metrics()["results_ignored"]["late"] == 1
+    for rnd in new:
+        _submit(svc, rnd, 12.0)
+    _drive(svc, 2)
+    svc.scheduler.check_invariants()
+    assert svc.learner_version == 5
 
 
 def test_resume_without_a_snapshot_starts_fresh_and_a_corrupt_one_is_refused(tmp_path):
     svc = _service(tmp_path, resume=True)
-    try:
-        assert not svc.resumed and svc.learner_version == 0
-        path = svc.snapshot_path
-    finally:
-        svc.close()
+    assert not svc.resumed and svc.learner_version == 0
+    path = svc.snapshot_path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"not a snapshot")
     with pytest.raises(ValueError, match="move it away to start fresh"):
@@ -263,14 +254,8 @@ def test_resume_without_a_snapshot_starts_fresh_and_a_corrupt_one_is_refused(tmp
 
 def test_snapshot_every_n_versions(tmp_path):
     svc = _service(tmp_path, snapshot_every=2)
-    try:
-        _drive(svc, 5)
-        assert svc.counters["snapshots"] == 2 and svc.snapshot_version == 4
-    finally:
-        svc.close()
+    _drive(svc, 5)
+    assert svc.counters["snapshots"] == 2 and svc.snapshot_version == 4
     svc = _service(tmp_path / "off", snapshot_every=0)
-    try:
-        _drive(svc, 2)
-        assert svc.counters["snapshots"] == 0 and not svc.snapshot_path.exists()
-    finally:
-        svc.close()
+    _drive(svc, 2)
+    assert svc.counters["snapshots"] == 0 and not svc.snapshot_path.exists()

@@ -17,8 +17,8 @@ import zmq
 
 from bench.scripted import buffer_command, start, wait_for_buffer
 from pipeline import protocol as P
+from pipeline.buffer.checks import check_message, out_of_vocab
 from pipeline.buffer.main import read_vocab_size
-from pipeline.buffer.service import EVAL_ROUND_BASE, check_message, out_of_vocab
 from pipeline.transport import (
     AsyncBufferClient,
     BufferClient,
@@ -273,7 +273,7 @@ def _expected(frames: list[bytes], dec: P.Decoder) -> str | None:
     if check_message(msg):
         return "invalid"
     if isinstance(msg, P.RoundResult):
-        if msg.round_id < EVAL_ROUND_BASE and out_of_vocab(msg, VOCAB):
+        if msg.kind == "train" and out_of_vocab(msg, VOCAB):
             return "rejected_oov"
         return "ok"
     return "ok" if isinstance(msg, (P.Heartbeat, P.MetricsRequest)) else None

@@ -14,7 +14,10 @@ import logging
 import sys
 from pathlib import Path
 
+from pipeline.buffer.snapshot import SNAPSHOT_EVERY
 from pipeline.config import ConfigError, load_config
+
+log = logging.getLogger(__name__)
 
 
 def read_vocab_size(model_dir: str) -> int | None:
@@ -35,8 +38,6 @@ def read_vocab_size(model_dir: str) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.buffer.service import SNAPSHOT_EVERY
-
     parser = argparse.ArgumentParser(prog="reinforce-ada buffer", description="Run the rollout buffer service.")
     parser.add_argument("--config", help="TOML config (default: built-in defaults)")
     parser.add_argument("--model", help="model directory (the tokenizer's chat template, and vocab_size from its "
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
         run_prompts = build_prompts(cfg, model_dir)
         prompts = [(p.text, p.answer) for p in run_prompts.train]
-        eval_prompts = [(p.text, p.answer) for p in run_prompts.evals]
+        eval_prompts = run_prompts.evals  # Prompt objects: their benchmark names the per-benchmark scores
         from pipeline.buffer.service import BufferService
 
         # SecurityError (missing keys) and snapshot errors are ValueErrors, a port in use is an OSError
@@ -72,16 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError, OSError) as exc:
         print(f"buffer: {exc}", file=sys.stderr)
         return 2
-    logging.info("serving %d training prompts (%d eval) on %s, control %s; token ids checked against vocab_size "
-                 "%s", len(prompts), len(eval_prompts), service.router_url, service.control_url,
-                 vocab_size if vocab_size is not None else "(unknown: not checked)")
+    log.info("serving %d training prompts (%d eval) on %s, control %s; token ids checked against vocab_size %s",
+             len(prompts), len(eval_prompts), service.router_url, service.control_url,
+             vocab_size if vocab_size is not None else "(unknown: not checked)")
     try:
         reason = service.serve()
     except KeyboardInterrupt:
         reason = "interrupted"
     finally:
         service.close()
-    logging.info("stopped: %s", reason)
+    log.info("stopped: %s", reason)
     return 0
 
 

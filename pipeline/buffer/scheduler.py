@@ -44,11 +44,9 @@ Expiry: a round whose lease passed, or whose producer was silent for heartbeat_t
 The prompts' pools, their release and the hand-off live in `Pools` (pools.py); the Scheduler keeps admission,
 the rounds in flight, the producers' liveness and the learner version.
 
-Invariants (`check_invariants`, which also checks those of `Pools`):
-- admitted == (released - reopened) + dropped_unresolved + dropped_zero_variance + active, and
-  released - reopened == groups_waiting + groups_consumed: no admitted prompt is lost or counted twice;
-- every waiting group has n samples and advantages equal to the formula over its retained pool;
-- every round in flight belongs to exactly one active prompt, and every other active prompt is queued for one.
+Invariants (`check_invariants`): those of `Pools` (no admitted prompt is lost or counted twice; every waiting
+group has n samples and the formula's advantages), and every round in flight belongs to exactly one active
+prompt, every other active prompt being queued for one.
 """
 
 from __future__ import annotations
@@ -372,11 +370,8 @@ class Scheduler:
         round_id_offset: int = 0,
     ) -> Scheduler:
         """A scheduler resumed from `snapshot()` bytes. Rounds in flight then are re-issued by `request_work`.
-
-        Round ids continue at the snapshot's counter plus `round_id_offset`: a buffer that crashed after its last
-        snapshot may have issued ids beyond that counter, and the offset keeps a late result for one of them from
-        ever matching a new round.
-        """
+        Round ids continue at the snapshot's counter plus `round_id_offset` (a crashed buffer may have issued ids
+        beyond the counter: the offset keeps a late result for one of them from ever matching a new round)."""
         if round_id_offset < 0:
             raise ValueError(f"round_id_offset must be >= 0, got {round_id_offset}")
         try:
