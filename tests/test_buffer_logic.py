@@ -442,3 +442,20 @@ def test_empty_or_repeatedly_rejected_results_give_up_on_the_prompt():
     m = s.metrics()
     assert m["prompts_unservable"] == 2 and m["dropped_unresolved"] == 2 and m["results_rejected"] == 1 + MAX_REJECTIONS
     s.check_invariants()
+
+
+def test_reject_reissues_the_round_and_gives_up_after_max_rejections():
+    from pipeline.buffer.scheduler import MAX_REJECTIONS
+
+    s = make(batch=1, round_size=4)
+    (a,) = s.request_work("p", 1, 0.0)
+    assert s.reject("p", 10**6, 1.0).status == "unknown" and s.reject("p", a.round_id, 1.0).status == "rejected"
+    assert s.reject("p", a.round_id, 1.0).status == "late"  # no longer in flight
+    for i in range(1, MAX_REJECTIONS):
+        (b,) = s.request_work("p", 1, 0.0)
+        assert b.prompt_id == a.prompt_id  # re-issued, under a new id
+        out = s.reject("p", b.round_id, 1.0)
+        assert out.status == "rejected" and out.dropped == (i == MAX_REJECTIONS - 1)
+    m = s.metrics()
+    assert m["results_rejected"] == MAX_REJECTIONS and m["prompts_unservable"] == 1 and m["active"] == 0
+    s.check_invariants()

@@ -190,9 +190,11 @@ class BufferCore:
         self.scheduler.heartbeat(msg.producer_id, now)
         if msg.kind == "eval" or self.evals.owns(msg.round_id):
             if msg.kind != "eval":  # still scored: an older producer's results are not lost
-                self._count_bad("results_wrong_kind", sender, f"round {msg.round_id} is an eval round but its "
-                                f"result says kind {msg.kind!r}: the producer must echo RoundAssignment.kind in "
-                                "RoundResult.kind (update it)")
+                self.counters["results_wrong_kind"] += 1
+                if self.counters["results_wrong_kind"] == 1:
+                    log.warning("%s sent eval round %d back as kind %r (scored all the same): the producer must "
+                                "echo RoundAssignment.kind in RoundResult.kind; update it", msg.producer_id,
+                                msg.round_id, msg.kind)
             if self.evals.submit(msg.round_id, msg.samples, now) == "accepted":
                 self._count_samples(msg)
             self._write_eval_rows()
@@ -248,13 +250,12 @@ class BufferCore:
         out, self._outbox = self._outbox, []
         return out
 
-    def _count_bad(self, counter: str, sender: bytes, why: str, by_sender: str = "") -> None:
+    def _count_bad(self, counter: str, sender: bytes, why: str, by_sender: str) -> None:
         self.counters[counter] += 1
         name = sender.decode(errors="replace") or "?"
-        if by_sender:
-            table = self.bad_senders[by_sender]
-            key = name if name in table or len(table) < MAX_TRACKED_SENDERS else "(other)"
-            table[key] = table.get(key, 0) + 1
+        table = self.bad_senders[by_sender]
+        key = name if name in table or len(table) < MAX_TRACKED_SENDERS else "(other)"
+        table[key] = table.get(key, 0) + 1
         count = self.counters[counter]
         if count <= 20 or count % 1000 == 0:  # a flood of bad input must not flood the log
             log.warning("dropped %s message #%d from %s: %s", counter, count, name, why)

@@ -14,8 +14,12 @@ import logging
 import sys
 from pathlib import Path
 
+from pipeline.buffer.service import BufferService
 from pipeline.buffer.snapshot import SNAPSHOT_EVERY
 from pipeline.config import ConfigError, load_config
+from pipeline.models import prompt_template, resolve_model_path
+from pipeline.prompts import build_prompts
+from pipeline.transport import check_bind
 
 log = logging.getLogger(__name__)
 
@@ -53,20 +57,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.snapshot_every < 0:
             raise ValueError(f"--snapshot-every must be >= 0 (0 = never), got {args.snapshot_every}")
         cfg = load_config(args.config, overrides)
-        from pipeline.transport import check_bind
-
         check_bind(cfg.endpoints.host, cfg.endpoints.keys_dir)  # before any slow loading: refuse at once
-        from pipeline.models import prompt_template, resolve_model_path
-
         model_dir = args.model or resolve_model_path(cfg, build=prompt_template(cfg) == "auto")
         vocab_size = read_vocab_size(model_dir)
-        from pipeline.prompts import build_prompts
-
         run_prompts = build_prompts(cfg, model_dir)
         prompts = [(p.text, p.answer) for p in run_prompts.train]
         eval_prompts = run_prompts.evals  # Prompt objects: their benchmark names the per-benchmark scores
-        from pipeline.buffer.service import BufferService
-
         # SecurityError (missing keys) and snapshot errors are ValueErrors, a port in use is an OSError
         service = BufferService(cfg, prompts, eval_prompts, snapshot_every=args.snapshot_every,
                                 resume=args.resume, vocab_size=vocab_size)
