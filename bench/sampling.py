@@ -3,6 +3,8 @@
 Runs `bench.sampling_sim` (simulated vLLM engines and an instant learner driving the real `pipeline.buffer.Scheduler`)
 for GRPO, the paper's round-synchronous Ada-pos / Ada-balance and this project's streaming scheduler, on an
 early-training and a late-training prompt population, and writes bench/results/sampling.md and sampling.png.
+Engine time only, on the same engines for every strategy; `bench.table2` models the learner, the weight sync and
+the paper's own setup (and its selected population).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.sampling_sim import STRATEGIES, SimConfig, early_population, late_population, run_regime, simulate
+from bench.population import draw_pass_rates, early_population, late_population, population_stats
+from bench.sampling_sim import STRATEGIES, SimConfig, simulate
 
 __all__ = ["STRATEGIES", "SimConfig", "main", "run_regime", "simulate", "table"]
 PAPER_RATIO = {"pos": 2.2, "balance": 2.8}  # paper Table 2 (1.5B), cost per step relative to GRPO, as quoted
@@ -30,6 +33,23 @@ Stale aborted+evicted = samples cut off mid-generation by an abort plus samples 
 Max rounds/prompt = most rounds any prompt was issued. Samples / useful group = samples generated per trained group
 with a non-zero advantage; the last column is engine time per such group relative to GRPO's.
 """
+
+
+def run_regime(params: tuple[float, float, float], cfg: SimConfig, learner_factor: float = 1.0
+               ) -> tuple[dict, dict[str, dict]]:
+    """Population stats and every strategy's metrics (ratios to GRPO added) for one prompt population."""
+    num = 4 * cfg.batch_size * (cfg.num_steps + cfg.warmup_steps + 2)  # enough that no prompt is seen twice
+    pass_rates = draw_pass_rates(params, num, np.random.default_rng(cfg.seed))
+    results = {s.name: simulate(s, pass_rates, cfg) for s in STRATEGIES}
+    base = results[STRATEGIES[0].name]
+    learner_s = learner_factor * base["time_per_step"]
+    for r in results.values():
+        r["samples_ratio"] = r["samples_per_step"] / base["samples_per_step"]
+        r["time_ratio"] = r["time_per_step"] / base["time_per_step"]
+        # a colocated learner adds the same time to every round-sync step (every step trains B groups of n)
+        r["time_ratio_with_learner"] = (r["time_per_step"] + learner_s) / (base["time_per_step"] + learner_s)
+        r["useful_time_ratio"] = r["time_per_useful_group"] / base["time_per_useful_group"]
+    return population_stats(pass_rates), results
 
 
 def table(results: dict[str, dict]) -> str:
@@ -90,7 +110,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench/results", help="directory for sampling.md and sampling.png")
     args = ap.parse_args(argv)
-    cfg = SimConfig(seed=args.seed, learner_factor=args.learner_factor)
+    if args.learner_factor < 0:
+        raise ValueError(f"--learner-factor must be >= 0, got {args.learner_factor}")
+    cfg = SimConfig(seed=args.seed, slots=256)
     if args.quick:
         cfg = replace(cfg, batch_size=64, num_engines=2, slots=64, num_steps=3, warmup_steps=1)
     overrides = {"num_steps": args.steps, "batch_size": args.batch, "num_engines": args.engines, "slots": args.slots}
@@ -103,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
            f"Command: `{command.strip()}`\n", f"Config: `{cfg}`\n", NOTES]
     regimes = {}
     for regime, params in populations.items():
-        stats, results = run_regime(params, cfg)
+        stats, results = run_regime(params, cfg, args.learner_factor)
         regimes[regime] = results
         grpo = results[STRATEGIES[0].name]
         out.append(

@@ -1,39 +1,41 @@
-"""The simulation behind `bench.sampling`: simulated engines and learner driving the real rollout-buffer `Scheduler`.
+"""The simulation behind `bench.sampling` and `bench.table2`: simulated engines and learner, the real `Scheduler`.
 
-Every strategy runs the project's `pipeline.buffer.Scheduler`; only the engines and the verifier are simulated.
-- Prompts: each has a pass rate p; a sample's reward is Bernoulli(p). Early training = a fraction of unsolvable
-  prompts (p = 0) plus p ~ Beta(1, b), with b and that fraction solved so that the population's mean pass@1 is
-  0.265 and its pass@256 is 0.81 (the paper's base model); late training keeps the unsolvable fraction (RL sharpens
-  more than it widens) and draws p ~ Beta(a, 1) with a solved so that P(all 4 samples correct) = 0.35.
-- Engines: `num_engines` engines of `slots` concurrent sequences each (vLLM max_num_seqs), continuous batching: a
-  sample holds one slot for prefill_s + L * decode_step_s, L ~ lognormal (mean 600 tokens, sigma 0.8) capped at
-  2048 (max_new_tokens). Decode time per step is flat in the batch size (memory-bound decoding). Samples beyond
-  the free slots wait in the engine's FIFO queue. Length and reward are independent.
-- Round-synchronous (the reference, GRPO included): a barrier after every round across the batch; work is issued
-  only when the engines are empty; max_staleness = 0, unresolved = "keep". Streaming (this project): an engine
-  asks for rounds whenever it has room for one (plus one round of queue), prompts exit independently, the learner
-  takes B groups as soon as B wait and is assumed instant (new weights reach the engines at once);
-  max_staleness = 1, unresolved = "drop".
-Time is simulated (a heap of completion times), never slept. Legend: B = prompts (groups) per learner step,
-M = round size, n = group size, N = max rounds.
+Every strategy runs the project's `pipeline.buffer.Scheduler` through its public methods (`request_work`,
+`submit_result`, `set_learner_version`, `take_batch`, `metrics`); only the engines, the verifier and the learner
+are simulated, in simulated time (events, never sleeps).
+- Prompts: each has a pass rate p; a sample's reward is Bernoulli(p) and its length follows
+  `bench.costmodel.response_length` (longer when wrong and when the prompt is hard). Draws happen when a round is
+  assigned, in assignment order, so a barrier run sees the same samples whatever the time constants.
+- Engines: `bench.engine_sim.Engine`, one per GPU (continuous batching, step time growing with batch and context).
+- Round-synchronous (the reference, GRPO included; max_staleness = 0): every round is a barrier across the batch;
+  a round's samples are split into contiguous chunks over the engines, as verl splits a batch over its DP ranks.
+  With a learner (learner_gpus > 0) the same GPUs then train (colocated): each round also pays
+  round_overhead_s and, for Ada, reward_s_per_sample per sample (verl's driver scores one sample at a time), and
+  the step pays the scoring of the kept batch (both GRPO and Ada) plus `learner_s` with the old-log-prob
+  recompute.
+- Streaming (this project): an engine asks for rounds whenever it has room for one (plus one round of queue);
+  prompts exit independently; the learner on its own learner_gpus GPUs takes B groups as soon as B wait and it is
+  idle, trains (no recompute: behaviour log-probs), publishes, and every engine then pauses to load the weights.
+  Rewards are scored by producer worker processes off the critical path.
+- learner_gpus = 0: engine time only (no learner, no weight sync, no reference overheads), bench.sampling's view.
+Legend: B = prompts (groups) per learner step, M = round size, n = group size, N = max rounds.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from bench.costmodel import Constants, learner_s, response_lengths
+from bench.engine_sim import Engine, Seq
+from bench.reference_trace import Trace
 from pipeline.buffer import Scheduler
 from pipeline.config import BufferConfig, SamplingConfig
 from pipeline.protocol import Sample
 
-_TOK = np.array([1], np.int32)
-_LP = np.zeros(1, np.float32)
-_QUEUED, _RUNNING, _DONE = 0, 1, 2
+_BLOCK = 1 << 15
 
 
 @dataclass(frozen=True)
@@ -41,22 +43,17 @@ class SimConfig:
     batch_size: int = 512  # B
     num_steps: int = 16  # learner steps measured per strategy
     warmup_steps: int = 2  # streaming only: steps run before measuring (the pipeline fills up)
-    num_engines: int = 4
-    slots: int = 256  # concurrent sequences per engine
-    mean_len: float = 600.0  # response tokens, lognormal mean before the cap
-    len_sigma: float = 0.8
-    max_len: int = 2048
-    decode_step_s: float = 0.025  # one decode step of a full batch (1.5B model, one GPU)
-    prefill_s: float = 0.03  # per sample (a ~300-token prompt)
-    learner_factor: float = 1.0  # colocated learner time per step, in units of GRPO's engine time per step
+    num_engines: int = 4  # generation GPUs (round-sync with a learner: the colocated GPUs, which also train)
+    slots: int = 512  # concurrent sequences per engine (vLLM max_num_seqs)
+    learner_gpus: int = 0  # streaming: training GPUs; 0 = engine time only (see the module docstring)
+    constants: Constants = field(default_factory=Constants)
     seed: int = 0
 
     def __post_init__(self) -> None:
-        positive = ("batch_size", "num_steps", "num_engines", "slots", "mean_len", "max_len", "decode_step_s")
-        for name in positive:
+        for name in ("batch_size", "num_steps", "num_engines", "slots"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SimConfig.{name} must be > 0, got {getattr(self, name)}")
-        for name in ("warmup_steps", "len_sigma", "prefill_s", "learner_factor"):
+        for name in ("warmup_steps", "learner_gpus"):
             if getattr(self, name) < 0:
                 raise ValueError(f"SimConfig.{name} must be >= 0, got {getattr(self, name)}")
 
@@ -66,6 +63,16 @@ class Strategy:
     name: str
     exit_rule: str  # "fixed" (GRPO), "pos", "balance"
     streaming: bool
+    unresolved: str = ""  # "" = the mode's default: "keep" round-sync (reference), "drop" streaming
+    downsample: str = ""  # "" = the mode's default: "first" round-sync (reference), "freshest" streaming
+
+    def buffer_config(self) -> BufferConfig:
+        return BufferConfig(
+            max_staleness=1 if self.streaming else 0,
+            unresolved=self.unresolved or ("drop" if self.streaming else "keep"),
+            downsample=self.downsample or ("freshest" if self.streaming else "first"),
+            lease_s=1e9, heartbeat_timeout_s=1e9,  # no producer dies here
+        )
 
 
 STRATEGIES = (
@@ -77,281 +84,289 @@ STRATEGIES = (
 )
 
 
-# ---------------------------------------------------------------- prompt populations
-
-
-def _beta_moment(a: float, b: float, k: int, j: int) -> float:
-    """E[p^k (1-p)^j] for p ~ Beta(a, b)."""
-    lg = math.lgamma
-    return math.exp(lg(a + k) + lg(b + j) + lg(a + b) - lg(a) - lg(b) - lg(a + b + k + j))
-
-
-def early_population(pass1: float = 0.265, pass256: float = 0.81, a: float = 1.0) -> tuple[float, float, float]:
-    """(unsolvable fraction, a, b) with mean pass@1 = pass1 and pass@256 = pass256 for p ~ w0*delta_0 + Beta(a, b)."""
-    lo, hi = 1e-3, 1e3  # bisect b on the ratio pass1 / pass256, which does not depend on w0
-    for _ in range(100):
-        b = math.sqrt(lo * hi)
-        if (a / (a + b)) / (1 - _beta_moment(a, b, 0, 256)) > pass1 / pass256:
-            lo = b
-        else:
-            hi = b
-    return 1 - pass256 / (1 - _beta_moment(a, b, 0, 256)), a, b
-
-
-def late_population(unsolvable: float, all4: float = 0.35, b: float = 1.0) -> tuple[float, float, float]:
-    """(unsolvable, a, b) with P(all 4 correct) = all4 for p ~ unsolvable*delta_0 + Beta(a, b)."""
-    lo, hi = 1e-3, 1e3
-    for _ in range(100):
-        a = math.sqrt(lo * hi)
-        lo, hi = (a, hi) if (1 - unsolvable) * _beta_moment(a, b, 4, 0) < all4 else (lo, a)
-    return unsolvable, a, b
-
-
-def draw_pass_rates(params: tuple[float, float, float], num: int, rng: np.random.Generator) -> np.ndarray:
-    """`num` pass rates: Beta(a, b) draws, each replaced by 0 (unsolvable) with probability w0."""
-    w0, a, b = params
-    p = rng.beta(a, b, num)
-    p[rng.random(num) < w0] = 0.0
-    return p
-
-
-def population_stats(p: np.ndarray) -> dict[str, float]:
-    """Expected pass@1, pass@256, P(all 4 correct) and P(4 samples all equal) of a drawn population."""
-    return {
-        "pass@1": float(p.mean()),
-        "pass@256": float((1 - (1 - p) ** 256).mean()),
-        "all4_correct": float((p**4).mean()),
-        "zero_var@4": float((p**4 + (1 - p) ** 4).mean()),
-        "unsolvable": float((p == 0).mean()),
-    }
-
-
-# ---------------------------------------------------------------- the simulation
-
-
 class _Round:
-    __slots__ = ("round_id", "engine", "p", "rewards", "versions", "state", "remaining", "cancelled")
+    __slots__ = ("round_id", "engine", "version", "rewards", "lengths", "first", "seqs", "remaining", "live")
 
-    def __init__(self, round_id: int, engine: int, p: float, size: int) -> None:
-        self.round_id, self.engine, self.p = round_id, engine, p
-        self.rewards = [0.0] * size
-        self.versions = [0] * size
-        self.state = [_QUEUED] * size
-        self.remaining = size
-        self.cancelled = False
+    def __init__(self, round_id: int, engine: int, version: int, rewards: list, lengths: list, first: int) -> None:
+        self.round_id, self.engine, self.version = round_id, engine, version
+        self.rewards, self.lengths, self.first = rewards, lengths, first  # first: trace index of sample 0
+        self.seqs = [Seq(n, (self, k)) for k, n in enumerate(lengths)]
+        self.remaining = len(lengths)
+        self.live = True
 
 
 class _Sim:
-    """One strategy on one prompt population: engines, the Scheduler, and the learner, in simulated time."""
+    """One strategy on one prompt population: engines, the Scheduler and the learner, in simulated time."""
 
-    def __init__(self, strategy: Strategy, pass_rates: np.ndarray, cfg: SimConfig) -> None:
-        self.cfg, self.strategy, self.pass_rates = cfg, strategy, pass_rates
-        sampling = SamplingConfig(exit_rule=strategy.exit_rule)  # paper defaults: M = 8, N = 4, n = 4
-        buffer = BufferConfig(
-            max_staleness=1 if strategy.streaming else 0,
-            unresolved="drop" if strategy.streaming else "keep",
-            downsample="freshest" if strategy.streaming else "first",
-            lease_s=1e9, heartbeat_timeout_s=1e9,  # no producer dies here; `expire` is never called anyway
-        )
+    def __init__(self, strategy: Strategy, pass_rates: np.ndarray, cfg: SimConfig, trace: Trace | None = None):
+        self.cfg, self.strategy, self.pass_rates, self.c = cfg, strategy, pass_rates, cfg.constants
+        self.sampling = SamplingConfig(exit_rule=strategy.exit_rule)  # paper defaults: M = 8, N = 4, n = 4
         prompts = [(str(i), "") for i in range(len(pass_rates))]
-        self.sched = Scheduler(sampling, buffer, cfg.batch_size, prompts, seed=cfg.seed)
-        self.M = self.sched.round_size
+        self.sched = Scheduler(self.sampling, strategy.buffer_config(), cfg.batch_size, prompts, seed=cfg.seed)
+        self.M = self.sampling.group_size if strategy.exit_rule == "fixed" else self.sampling.round_size
         self.rng = np.random.default_rng(cfg.seed + 1)
-        self._durations: list[float] = []
-        self._uniforms: list[float] = []
-        E = cfg.num_engines
-        self.names = [f"engine{e}" for e in range(E)]
-        self.running, self.load = [0] * E, [0] * E  # load = assigned samples neither done nor cancelled
-        self.queues: list[deque] = [deque() for _ in range(E)]
+        self._u = self._z = self._v = np.zeros(0)
+        self._pos = 0
+        self.trace = trace  # round-sync only: what the run did, for `Trace.replay`
+        self._index: dict[int, int] = {}  # id(Sample) -> trace index, until its step is taken
+        self.engines = [Engine(cfg.slots, self.c) for _ in range(cfg.num_engines)]
+        self.names = [f"engine{e}" for e in range(cfg.num_engines)]
+        self.engine_version = [0] * cfg.num_engines
+        self._next = [math.inf] * cfg.num_engines
         self.rounds: dict[int, _Round] = {}
-        self.heap: list[tuple[float, int, _Round, int]] = []
-        self.seq = 0
-        self.now = self.busy_integral = 0.0
-        self.busy = self.completed = self.aborted = 0
+        self.rounds_of: dict[int, int] = {}
+        self.now = 0.0
         self.version = self.steps = 0
+        self.waiting = 0  # groups released and not taken (resynced from metrics() after version changes)
+        self.learner_done = math.inf  # streaming: when the step in progress ends
+        self.batch_tokens = 0.0
         self.warmup = cfg.warmup_steps if strategy.streaming else 0
+        self.acc = dict.fromkeys(("groups", "useful", "all_correct", "kept_len", "gen_len", "gen", "aborted",
+                                  "wasted_tokens", "learner_busy", "round_s", "overhead_s", "learner_s",
+                                  "unresolved_no_pos", "unresolved_no_neg", "resolved_by_round_2"), 0.0)
+        self._arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.window: dict[str, tuple] = {}
-        self.trained = {"groups": 0, "zero_adv": 0, "all_correct": 0}
-        self._samples: dict[tuple[float, int], Sample] = {}
-        self.rounds_of: dict[int, int] = {}  # prompt_id -> rounds issued (re-issues included)
 
-    # -- random draws in blocks: one numpy call per 64k samples, not one per sample
-    def _next_duration(self) -> float:
-        if not self._durations:
-            c = self.cfg
-            mu = math.log(c.mean_len) - c.len_sigma**2 / 2
-            lengths = np.minimum(np.rint(self.rng.lognormal(mu, c.len_sigma, 1 << 16)), c.max_len)
-            self._durations = (c.prefill_s + np.maximum(lengths, 1) * c.decode_step_s).tolist()
-        return self._durations.pop()
+    # -- draws: rewards and lengths of a round's samples, from blocks of random numbers
+    def _draw_round(self, p: float, k: int) -> tuple[list[float], list[int], int]:
+        if self._pos + k > len(self._u):
+            n = max(_BLOCK, k)
+            self._u, self._z, self._v = self.rng.random(n), self.rng.standard_normal(n), self.rng.random(n)
+            self._pos = 0
+        sl = slice(self._pos, self._pos + k)
+        self._pos += k
+        ps, correct = np.full(k, p), self._u[sl] < p
+        lengths = response_lengths(ps, correct, self._z[sl], self._v[sl], self.c)
+        first = self.trace.add_samples(ps, correct, self._z[sl], self._v[sl]) if self.trace else 0
+        return correct.astype(float).tolist(), lengths.tolist(), first
 
-    def _next_uniform(self) -> float:
-        if not self._uniforms:
-            self._uniforms = self.rng.random(1 << 16).tolist()
-        return self._uniforms.pop()
-
-    def _sample(self, reward: float, version: int) -> Sample:
-        key = (reward, version)  # Samples are immutable to the scheduler, so identical ones are shared
-        if key not in self._samples:
-            self._samples[key] = Sample(_TOK, _LP, reward, version, "stop")
-        return self._samples[key]
+    def _sample(self, reward: float, version: int, length: int) -> Sample:
+        if length not in self._arrays:  # Samples only need their length; arrays are shared between them
+            self._arrays[length] = (np.zeros(length, np.int32), np.zeros(length, np.float32))
+        tokens, logprobs = self._arrays[length]
+        finish = "length" if length >= self.c.max_new_tokens else "stop"
+        return Sample(tokens, logprobs, reward, version, finish)
 
     # -- engines
-    def _advance(self, t: float) -> None:
-        self.busy_integral += self.busy * (t - self.now)
-        self.now = t
-
-    def _start(self, rnd: _Round, k: int) -> None:
-        rnd.state[k] = _RUNNING
-        rnd.versions[k] = self.version  # the weights the engine holds when the sample starts
-        rnd.rewards[k] = float(self._next_uniform() < rnd.p)
-        self.running[rnd.engine] += 1
-        self.busy += 1
-        self.seq += 1
-        heapq.heappush(self.heap, (self.now + self._next_duration(), self.seq, rnd, k))
-
-    def _fill(self, e: int) -> None:
-        q = self.queues[e]
-        while q and self.running[e] < self.cfg.slots:
-            rnd, k = q.popleft()
-            if not rnd.cancelled:
-                self._start(rnd, k)
-
-    def _assign(self, e: int, a) -> None:
-        rnd = _Round(a.round_id, e, float(self.pass_rates[int(a.prompt)]), a.num_samples)
+    def _assign(self, e: int, a) -> _Round:
+        rewards, lengths, first = self._draw_round(float(self.pass_rates[int(a.prompt)]), a.num_samples)
+        rnd = _Round(a.round_id, e, self.engine_version[e], rewards, lengths, first)
         self.rounds[a.round_id] = rnd
         self.rounds_of[a.prompt_id] = self.rounds_of.get(a.prompt_id, 0) + 1
-        self.load[e] += a.num_samples
-        self.queues[e].extend((rnd, k) for k in range(a.num_samples))
-        self._fill(e)
+        self.engines[e].add_round(rnd.seqs, self.now)
+        self._next[e] = self.engines[e].next_event()
+        return rnd
 
     def _cancel(self, round_id: int) -> None:
         rnd = self.rounds.pop(round_id)
-        rnd.cancelled = True  # its queued samples and heap entries are skipped lazily
-        running = sum(s == _RUNNING for s in rnd.state)
-        self.running[rnd.engine] -= running
-        self.busy -= running
-        self.aborted += running
-        self.load[rnd.engine] -= rnd.remaining
-        self._fill(rnd.engine)
+        rnd.live = False
+        eng = self.engines[rnd.engine]
+        for s in rnd.seqs:
+            if s.state == 1:
+                self.acc["aborted"] += 1
+            self.acc["wasted_tokens"] += eng.cancel(s, self.now)
+        self._next[rnd.engine] = eng.next_event()
 
-    # -- scheduler side
-    def _feed_streaming(self) -> None:
-        for e, name in enumerate(self.names):
-            room = self.cfg.slots + self.M - self.load[e]  # one round of queue: a freed slot never waits for work
-            if room >= self.M:
-                for a in self.sched.request_work(name, room // self.M, self.now):
-                    self._assign(e, a)
+    def _finish(self, e: int) -> None:
+        eng = self.engines[e]
+        s = eng.pop_finished(self.now)
+        self._next[e] = eng.next_event()
+        rnd, _ = s.payload
+        self.acc["gen"] += 1
+        self.acc["gen_len"] += s.length
+        rnd.remaining -= 1
+        if rnd.remaining or not rnd.live:
+            return
+        del self.rounds[rnd.round_id]
+        samples = [self._sample(r, rnd.version, n) for r, n in zip(rnd.rewards, rnd.lengths)]
+        if self.trace:
+            self._index.update((id(s), rnd.first + k) for k, s in enumerate(samples))
+        out = self.sched.submit_result(self.names[e], rnd.round_id, np.zeros(1, np.int32), samples, self.now)
+        assert out.accepted, (out.status, rnd.round_id)
+        self.waiting += out.group is not None
 
-    def _feed_barrier(self) -> None:
-        while True:  # the least-loaded engine takes the next round, as a reference trainer splits its batch
-            e = min(range(len(self.names)), key=self.load.__getitem__)
-            got = self.sched.request_work(self.names[e], 1, self.now)
-            if not got:
+    def _run_until_idle(self) -> None:
+        while True:
+            t = min(self._next)
+            if t == math.inf:
                 return
-            self._assign(e, got[0])
+            self.now = t
+            self._finish(self._next.index(t))
 
-    def _mark(self, key: str) -> None:
-        self.window[key] = (self.now, self.busy_integral, self.completed, self.aborted, self.sched.flat_metrics())
-
+    # -- learner
     def _take(self) -> None:
+        """Hand B groups to the learner at the current version and count what they hold."""
+        self.sched.set_learner_version(self.version, self.now)  # the refactored take_batch no longer sets it
         groups = self.sched.take_batch(self.version, self.cfg.batch_size, self.now)
         assert groups is not None and len(groups) == self.cfg.batch_size
-        if self.steps >= self.warmup:
-            t = self.trained
-            for g in groups:
-                t["groups"] += 1
-                t["zero_adv"] += all(a == 0.0 for a in g.advantages)
-                t["all_correct"] += all(s.reward > 0.5 for s in g.samples)
+        self.waiting = self.sched.metrics()["groups_waiting"]
+        tokens = 0
+        if self.trace:
+            self.trace.set_kept(np.array([self._index[id(s)] for g in groups for s in g.samples], np.int64))
+            self._index.clear()  # a reference step trains every prompt it admitted: no sample outlives it
+        for g in groups:
+            lengths = [len(s.token_ids) for s in g.samples]
+            tokens += sum(lengths) + len(lengths) * self.c.prompt_tokens
+            if self.steps >= self.warmup:
+                self.acc["groups"] += 1
+                self.acc["useful"] += any(a != 0.0 for a in g.advantages)
+                positives = sum(s.reward > 0.5 for s in g.samples)
+                self.acc["all_correct"] += positives == len(g.samples)
+                self.acc["kept_len"] += sum(lengths)
+                # a group keeps min(n/2, #pos) positives, so an unresolved one lacking a class shows it (Fig. 5)
+                half = len(g.samples) // 2
+                self.acc["unresolved_no_pos"] += not g.resolved and positives < half
+                self.acc["unresolved_no_neg"] += not g.resolved and len(g.samples) - positives < len(g.samples) - half
+                self.acc["resolved_by_round_2"] += g.resolved and g.num_rounds <= 2
+        self.batch_tokens = tokens
+
+    def _new_version(self) -> None:
         self.version += 1
         self.steps += 1
-        for round_id in self.sched.set_learner_version(self.version, self.now) + self.sched.pop_aborts():
+        for round_id in self.sched.set_learner_version(self.version, self.now):
             self._cancel(round_id)
+        self.waiting = self.sched.metrics()["groups_waiting"]
+        if not self.strategy.streaming:  # the reference syncs weights into its engines before every round
+            self.engine_version = [self.version] * len(self.engines)
         if self.steps == self.warmup:
             self._mark("start")
 
-    def _finish(self, rnd: _Round, k: int) -> bool:
-        """A sample is done; True when its round is complete and was submitted."""
-        e = rnd.engine
-        rnd.state[k] = _DONE
-        rnd.remaining -= 1
-        self.running[e] -= 1
-        self.load[e] -= 1
-        self.busy -= 1
-        self.completed += 1
-        self._fill(e)
-        if rnd.remaining:
-            return False
-        del self.rounds[rnd.round_id]
-        samples = [self._sample(r, v) for r, v in zip(rnd.rewards, rnd.versions)]
-        out = self.sched.submit_result(self.names[e], rnd.round_id, _TOK, samples, self.now)
-        assert out.accepted, (out.status, rnd.round_id)
-        return True
+    def _mark(self, key: str) -> None:
+        busy = sum(e.busy_seq_s + e.running * (self.now - e.t) for e in self.engines)
+        self.window[key] = (self.now, busy, dict(self.acc), self.sched.metrics())
+
+    # -- the two modes
+    def _barrier_step(self) -> None:
+        c, trains = self.c, self.cfg.learner_gpus > 0
+        if self.trace:
+            self.trace.begin_step()
+        while True:
+            work = self.sched.request_work("reference", 1 << 30, self.now)
+            if not work:
+                break
+            start, samples = self.now, sum(a.num_samples for a in work)
+            # verl splits the round's batch (prompt-major, a prompt's samples adjacent) into contiguous DP chunks
+            bounds = np.linspace(0, samples, len(self.engines) + 1).round().astype(int)
+            pos, indices, prompts = 0, [[] for _ in self.engines], [0] * len(self.engines)
+            for a in work:
+                e = int(np.searchsorted(bounds, pos, side="right") - 1)
+                rnd = self._assign(e, a)
+                pos += a.num_samples
+                indices[e].extend(range(rnd.first, rnd.first + a.num_samples))
+                prompts[e] += 1
+            self._run_until_idle()
+            self.acc["round_s"] += self.now - start
+            # verl's GRPO path scores only the batch; the reference's rounds score every sample too
+            scored = samples if self.strategy.exit_rule != "fixed" else 0
+            if self.trace:
+                self.trace.add_round([np.array(i, np.int64) for i in indices], prompts, scored)
+            if trains:
+                extra = c.round_overhead_s + c.reward_s_per_sample * scored
+                self.now += extra
+                self.acc["overhead_s"] += extra
+        self._take()
+        if trains:
+            extra = c.reward_s_per_sample * self.cfg.batch_size * self.sampling.group_size
+            learn = learner_s(self.batch_tokens, len(self.engines), c, recompute=True)
+            self.now += extra + learn
+            self.acc["overhead_s"] += extra
+            self.acc["learner_s"] += learn
+        self._new_version()
+
+    def _feed(self) -> None:
+        for e, eng in enumerate(self.engines):
+            room = self.cfg.slots + self.M - eng.load  # one round of queue: a freed slot never waits for work
+            if room >= self.M:
+                for a in self.sched.request_work(self.names[e], room // self.M, self.now):
+                    self._assign(e, a)
+
+    def _learner_event(self) -> None:
+        """The step in progress ends: new version, aborts, weight loads; then maybe the next step starts."""
+        self.learner_done = math.inf
+        self._new_version()
+        if self.cfg.learner_gpus:
+            for e, eng in enumerate(self.engines):
+                eng.load_weights(self.now)
+                self.engine_version[e] = self.version
+                self._next[e] = eng.next_event()
+        else:
+            self.engine_version = [self.version] * len(self.engines)
+
+    def _maybe_train(self) -> None:
+        total = self.warmup + self.cfg.num_steps
+        while self.learner_done == math.inf and self.waiting >= self.cfg.batch_size and self.steps < total:
+            self._take()
+            if not self.cfg.learner_gpus:  # instant learner: the step ends now
+                self._learner_event()
+                continue
+            busy = learner_s(self.batch_tokens, self.cfg.learner_gpus, self.c, recompute=False) + self.c.publish_s
+            self.learner_done = self.now + busy
+            if self.steps >= self.warmup:
+                self.acc["learner_busy"] += busy
+
+    def _stream(self) -> None:
+        total = self.warmup + self.cfg.num_steps
+        self._feed()
+        while self.steps < total:
+            t = min(self._next)
+            if self.learner_done <= t:
+                self.now = self.learner_done
+                self._learner_event()
+            elif t < math.inf:
+                self.now = t
+                self._finish(self._next.index(t))
+            else:
+                raise RuntimeError(f"{self.strategy.name}: deadlock, nothing runs and the learner waits")
+            self._maybe_train()
+            self._feed()
 
     def run(self) -> dict[str, float]:
-        total = self.warmup + self.cfg.num_steps
-        streaming, B = self.strategy.streaming, self.cfg.batch_size
         if self.warmup == 0:
             self._mark("start")
-        while self.steps < total:
-            if not any(self.load):  # idle fleet: a barrier (round-sync), or a start
-                if not streaming and self.sched.groups_waiting >= B:
-                    self._take()
-                    continue
-                self._feed_streaming() if streaming else self._feed_barrier()
-                if not any(self.load):
-                    raise RuntimeError(f"{self.strategy.name}: the scheduler gave no work to idle engines")
-            t, _, rnd, k = heapq.heappop(self.heap)
-            if rnd.cancelled:
-                continue
-            self._advance(t)
-            if self._finish(rnd, k) and streaming:
-                while self.sched.groups_waiting >= B and self.steps < total:
-                    self._take()
-            if streaming:
-                self._feed_streaming()
+        if self.strategy.streaming:
+            self._stream()
+        else:
+            for _ in range(self.cfg.num_steps):
+                self._barrier_step()
         self._mark("end")
-        self.sched.check_invariants()
         return self._summary()
 
     def _summary(self) -> dict[str, float]:
-        (t0, b0, c0, a0, m0), (t1, b1, c1, a1, m1) = self.window["start"], self.window["end"]
-        S, tr = self.cfg.num_steps, self.trained
-        d = {k: m1.get(k, 0.0) - m0.get(k, 0.0) for k in m1}
-        samples = (c1 - c0) / S
-        useful = tr["groups"] - tr["zero_adv"]
+        (t0, b0, a0, m0), (t1, b1, a1, m1) = self.window["start"], self.window["end"]
+        S, span = self.cfg.num_steps, t1 - t0
+        d = {k: a1[k] - a0[k] for k in a1}
+        dm = {k: m1[k] - m0[k] for k in m1 if isinstance(m1[k], (int, float))}
+        useful = d["useful"]
         return {
             "max_rounds_per_prompt": max(self.rounds_of.values()),
-            "samples_per_step": samples,
-            "time_per_step": (t1 - t0) / S,
-            "utilisation": (b1 - b0) / (self.cfg.num_engines * self.cfg.slots * (t1 - t0)),
-            "zero_adv_share": tr["zero_adv"] / tr["groups"],
-            "all_correct_share": tr["all_correct"] / tr["groups"],
-            "unresolved_per_step": (d["released_partial"] + d["dropped_unresolved"]) / S,
-            "dropped_per_step": (d["dropped_unresolved"] + d["dropped_zero_variance"]) / S,
-            "admitted_per_step": d["admitted"] / S,
-            "aborted_per_step": (a1 - a0) / S,
-            "evicted_per_step": d["stale_evictions"] / S,
-            "samples_per_useful_group": samples * S / useful if useful else math.inf,
-            "time_per_useful_group": (t1 - t0) / useful if useful else math.inf,
+            "samples_per_step": d["gen"] / S,
+            "time_per_step": span / S,
+            "utilisation": (b1 - b0) / (len(self.engines) * self.cfg.slots * span),
+            "useful_per_step": useful / S,
+            "zero_adv_share": 1 - useful / d["groups"],
+            "all_correct_share": d["all_correct"] / d["groups"],
+            "unresolved_per_step": (dm["released_partial"] + dm["dropped_unresolved"]) / S,
+            "dropped_per_step": (dm["dropped_unresolved"] + dm["dropped_zero_variance"]) / S,
+            "admitted_per_step": dm["admitted"] / S,
+            "aborted_per_step": d["aborted"] / S,
+            "evicted_per_step": dm["stale_evictions"] / S,
+            "unresolved_no_pos_per_step": d["unresolved_no_pos"] / S,
+            "unresolved_no_neg_per_step": d["unresolved_no_neg"] / S,
+            "resolved_by_round_2_per_step": d["resolved_by_round_2"] / S,
+            "mean_len": d["gen_len"] / d["gen"],
+            "kept_mean_len": d["kept_len"] / (d["groups"] * self.sampling.group_size),
+            "round_s_per_step": d["round_s"] / S,
+            "overhead_s_per_step": d["overhead_s"] / S,
+            "learner_s_per_step": d["learner_s"] / S,
+            "learner_busy": d["learner_busy"] / span,
+            "samples_per_useful_group": d["gen"] / useful if useful else math.inf,
+            "time_per_useful_group": span / useful if useful else math.inf,
         }
 
 
-def simulate(strategy: Strategy, pass_rates: np.ndarray, cfg: SimConfig) -> dict[str, float]:
-    """Run one strategy for cfg.warmup_steps (streaming only) + cfg.num_steps learner steps; per-step metrics."""
-    return _Sim(strategy, pass_rates, cfg).run()
-
-
-def run_regime(params: tuple[float, float, float], cfg: SimConfig) -> tuple[dict, dict[str, dict]]:
-    """Population stats and every strategy's metrics (ratios to GRPO added) for one prompt population."""
-    num = 4 * cfg.batch_size * (cfg.num_steps + cfg.warmup_steps + 2)  # enough that no prompt is seen twice
-    pass_rates = draw_pass_rates(params, num, np.random.default_rng(cfg.seed))
-    results = {s.name: simulate(s, pass_rates, cfg) for s in STRATEGIES}
-    base = results[STRATEGIES[0].name]
-    learner_s = cfg.learner_factor * base["time_per_step"]
-    for r in results.values():
-        r["samples_ratio"] = r["samples_per_step"] / base["samples_per_step"]
-        r["time_ratio"] = r["time_per_step"] / base["time_per_step"]
-        # a colocated learner adds the same time to every round-sync step (every step trains B groups of n)
-        r["time_ratio_with_learner"] = (r["time_per_step"] + learner_s) / (base["time_per_step"] + learner_s)
-        r["useful_time_ratio"] = r["time_per_useful_group"] / base["time_per_useful_group"]
-    return population_stats(pass_rates), results
+def simulate(strategy: Strategy, pass_rates: np.ndarray, cfg: SimConfig, trace: Trace | None = None) -> dict:
+    """Run one strategy for cfg.warmup_steps (streaming only) + cfg.num_steps learner steps; per-step metrics.
+    A round-sync run also records what it did into `trace` when one is given (see `bench.reference_trace`)."""
+    if trace is not None and strategy.streaming:
+        raise ValueError("only a round-sync run has a trace to replay; pass trace=None for streaming")
+    return _Sim(strategy, pass_rates, cfg, trace).run()
