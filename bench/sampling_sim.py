@@ -137,7 +137,7 @@ class _Sim:
         self._pos += k
         ps, correct = np.full(k, p), self._u[sl] < p
         lengths = response_lengths(ps, correct, self._z[sl], self._v[sl], self.c)
-        first = self.trace.add_samples(ps, correct, self._z[sl], self._v[sl]) if self.trace else 0
+        first = self.trace.add_samples(ps, correct, self._z[sl], self._v[sl]) if self.trace is not None else 0
         return correct.astype(float).tolist(), lengths.tolist(), first
 
     def _sample(self, reward: float, version: int, length: int) -> Sample:
@@ -179,7 +179,7 @@ class _Sim:
             return
         del self.rounds[rnd.round_id]
         samples = [self._sample(r, rnd.version, n) for r, n in zip(rnd.rewards, rnd.lengths)]
-        if self.trace:
+        if self.trace is not None:
             self._index.update((id(s), rnd.first + k) for k, s in enumerate(samples))
         out = self.sched.submit_result(self.names[e], rnd.round_id, np.zeros(1, np.int32), samples, self.now)
         assert out.accepted, (out.status, rnd.round_id)
@@ -201,7 +201,7 @@ class _Sim:
         assert groups is not None and len(groups) == self.cfg.batch_size
         self.waiting = self.sched.metrics()["groups_waiting"]
         tokens = 0
-        if self.trace:
+        if self.trace is not None:
             self.trace.set_kept(np.array([self._index[id(s)] for g in groups for s in g.samples], np.int64))
             self._index.clear()  # a reference step trains every prompt it admitted: no sample outlives it
         for g in groups:
@@ -238,7 +238,7 @@ class _Sim:
     # -- the two modes
     def _barrier_step(self) -> None:
         c, trains = self.c, self.cfg.learner_gpus > 0
-        if self.trace:
+        if self.trace is not None:
             self.trace.begin_step()
         while True:
             work = self.sched.request_work("reference", 1 << 30, self.now)
@@ -258,7 +258,7 @@ class _Sim:
             self.acc["round_s"] += self.now - start
             # verl's GRPO path scores only the batch; the reference's rounds score every sample too
             scored = samples if self.strategy.exit_rule != "fixed" else 0
-            if self.trace:
+            if self.trace is not None:
                 self.trace.add_round([np.array(i, np.int64) for i in indices], prompts, scored)
             if trains:
                 extra = c.round_overhead_s + c.reward_s_per_sample * scored
