@@ -67,7 +67,7 @@ def snapshot_metrics(scheduler_metrics: dict[str, Any], counters: dict[str, int]
     """The MetricsSnapshot's content (nested; see the module docstring for the keys readers rely on)."""
     m: dict[str, Any] = dict(scheduler_metrics)
     m.update({f"buffer/{k}": v for k, v in counters.items()})
-    m.update(bad_senders)
+    m.update({key: dict(table) for key, table in bad_senders.items()})
     m["snapshot"] = dict(snapshot)
     m["producers"] = producers
     m["learner"] = learner
