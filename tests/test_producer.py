@@ -193,10 +193,12 @@ def test_worker_requests_generates_scores_and_stops():
         await _until(lambda: client.of(P.WorkRequest))
         req = client.of(P.WorkRequest)[0]
         assert (req.producer_id, req.max_rounds, req.version) == ("p0", 3, 0)  # min(free 4, max_rounds 3)
-        await client.replies.put(P.Assignments([_assign(1), _assign(2)], 0))
+        eval_round = P.RoundAssignment(2, 20, "2+2", "4", 2, 60.0, "eval")
+        await client.replies.put(P.Assignments([_assign(1), eval_round], 0))
         await _until(lambda: len(client.of(P.RoundResult)) == 2)
         res = {r.round_id: r for r in client.of(P.RoundResult)}
         assert [s.reward for s in res[1].samples] == [1.0, 0.0] and res[2].prompt_id == 20
+        assert (res[1].kind, res[2].kind) == ("train", "eval")  # the kind is echoed
         assert all(s.version == 0 and s.token_ids.dtype == np.int32 for s in res[1].samples)
         # at most one request outstanding: nothing new was asked before the reply; the next one counts the
         # two rounds started by the reply (4 slots - 2)
@@ -483,13 +485,22 @@ def test_engine_logprobs_match_transformers(engine, models, temperature):
 
 
 @pytest.mark.slow
+def test_engine_honours_a_rounds_own_max_new_tokens(engine):
+    lt, eng = engine
+    eng.sampling_cfg = _sampling(max_new_tokens=32)
+    short = lt.run(eng.generate_round(P.RoundAssignment(150, 0, PROMPT, "46", 4, 60.0, "eval", 2)))
+    assert all(len(c.token_ids) <= 2 for c in short.completions)
+    assert any(c.finish_reason == "length" for c in short.completions)
+
+
+@pytest.mark.slow
 def test_engine_abort_stops_the_round_early(engine, monkeypatch):
     lt, eng = engine
     eng.sampling_cfg = _sampling(max_new_tokens=120)
     make_params = eng._sampling_params
 
-    def no_eos(seed):  # every sample runs to max_new_tokens unless aborted
-        params = make_params(seed)
+    def no_eos(*args):  # every sample runs to max_new_tokens unless aborted
+        params = make_params(*args)
         params.ignore_eos = True
         return params
 

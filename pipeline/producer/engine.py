@@ -187,13 +187,14 @@ class Engine:
 
     # ---- generation ----
 
-    def _sampling_params(self, seed: int) -> Any:
+    def _sampling_params(self, seed: int, max_new_tokens: int = 0) -> Any:
+        """One sample's parameters; `max_new_tokens` > 0 overrides sampling.max_new_tokens (eval rounds)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         s = self.sampling_cfg
         return SamplingParams(
-            n=1, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_new_tokens, seed=seed,
+            n=1, temperature=s.temperature, top_p=s.top_p, max_tokens=max_new_tokens or s.max_new_tokens, seed=seed,
             logprobs=0,  # the sampled token's log-prob only
             flat_logprobs=True,  # a few flat lists instead of one dict per token (less GC)
             output_kind=RequestOutputKind.FINAL_ONLY,  # one output per sample, when it finishes
@@ -219,9 +220,9 @@ class Engine:
         version = self.version  # recorded at submission: see the module docstring
         try:
             engine_input = self._render(assignment.prompt)
+            params = [self._sampling_params(base_seed + i, assignment.max_new_tokens) for i in range(len(request_ids))]
             outs = await asyncio.gather(*(
-                self._one(engine_input, req_id, base_seed + i, state)
-                for i, req_id in enumerate(request_ids)))
+                self._one(engine_input, req_id, p, state) for req_id, p in zip(request_ids, params)))
         except BaseException as exc:
             # a failed (or cancelled) sample: stop its siblings too, then re-raise
             await self._abort_ids([r for r in request_ids if r not in state.done_ids])
@@ -245,12 +246,11 @@ class Engine:
         (engine_input,) = self.llm.renderer.render_cmpl([parsed])
         return engine_input
 
-    async def _one(self, engine_input: dict, request_id: str, seed: int, state: _Round) -> Any:
+    async def _one(self, engine_input: dict, request_id: str, params: Any, state: _Round) -> Any:
         final = None
         try:
             if state.aborted:  # aborted before this sample was submitted
                 return None
-            params = self._sampling_params(seed)
             async for out in self.llm.generate(dict(engine_input), params, request_id):
                 final = out
         finally:

@@ -173,7 +173,7 @@ class Producer:
                 log.error("sending round %d back without samples: %s", a.round_id, exc)
                 self.counts["rounds_failed"] += 1
                 await self.client.send(P.RoundResult(self.id, a.round_id, a.prompt_id, P.empty_array("int32"),
-                                                     [], time.monotonic() - start))
+                                                     [], time.monotonic() - start, a.kind))
                 return
             gen_seconds = time.monotonic() - start
             self._capacity.set()
@@ -184,7 +184,7 @@ class Producer:
             samples = [P.Sample(c.token_ids, c.logprobs, float(r), c.version, c.finish_reason)
                        for c, r in zip(out.completions, rewards)]
             await self.client.send(P.RoundResult(self.id, a.round_id, a.prompt_id, out.prompt_token_ids,
-                                                 samples, gen_seconds))
+                                                 samples, gen_seconds, a.kind))
             self.stats.round_done(len(samples), sum(len(c.token_ids) for c in out.completions))
         finally:
             self._rounds.pop(a.round_id, None)
