@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.consumer.loss import add_stats, finalize_stats, ppo_loss
+from pipeline.consumer.loss import LossConfig, add_stats, finalize_stats, ppo_loss
 
 CL, CH, C = 0.2, 0.28, 3.0
 
@@ -60,10 +60,10 @@ def case():
     return lp, old, adv, mask
 
 
-def run(lp, old, adv, mask, **kw):
+def run(lp, old, adv, mask, dual_clip=0.0, tis_cap=0.0, **kw):
     lp_t = torch.tensor(lp, dtype=torch.float32, requires_grad=True)
     loss, stats = ppo_loss(lp_t, torch.tensor(old, dtype=torch.float32), torch.tensor(adv, dtype=torch.float32),
-                           torch.tensor(mask), CL, CH, **kw)
+                           torch.tensor(mask), LossConfig(CL, CH, dual_clip=dual_clip, tis_cap=tis_cap), **kw)
     loss.backward()
     return loss, stats, lp_t.grad
 
@@ -118,8 +118,8 @@ def test_entropy_bonus_and_per_token_advantages():
     ent_t = torch.tensor(ent, dtype=torch.float32, requires_grad=True)
     lp_t = torch.tensor(lp, dtype=torch.float32, requires_grad=True)
     adv_bt = torch.tensor(np.repeat(adv[:, None], lp.shape[1], 1), dtype=torch.float32)
-    loss, _ = ppo_loss(lp_t, torch.tensor(old, dtype=torch.float32), adv_bt, torch.tensor(mask), CL, CH, C,
-                       entropy_BT=ent_t, entropy_coef=0.01)
+    loss, _ = ppo_loss(lp_t, torch.tensor(old, dtype=torch.float32), adv_bt, torch.tensor(mask),
+                       LossConfig(CL, CH, dual_clip=C, entropy_coef=0.01), entropy_BT=ent_t)
     loss.backward()
     ref, _ = ref_loss(lp, old, adv, mask)
     assert loss.item() == pytest.approx(ref - 0.01 * ent[mask].sum() / mask.sum(), rel=1e-5, abs=1e-6)
@@ -149,9 +149,9 @@ def test_micro_batches_with_global_count_equal_one_batch():
 def test_shape_errors_name_the_problem():
     x = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="same shape"):
-        ppo_loss(x, torch.zeros(2, 4), torch.zeros(2), torch.ones(2, 3, dtype=torch.bool), CL, CH)
+        ppo_loss(x, torch.zeros(2, 4), torch.zeros(2), torch.ones(2, 3, dtype=torch.bool), LossConfig(CL, CH))
     with pytest.raises(ValueError, match="advantages"):
-        ppo_loss(x, x, torch.zeros(3), torch.ones(2, 3, dtype=torch.bool), CL, CH)
+        ppo_loss(x, x, torch.zeros(3), torch.ones(2, 3, dtype=torch.bool), LossConfig(CL, CH))
 
 
 def test_empty_mask_gives_zero_loss_and_finite_grad():

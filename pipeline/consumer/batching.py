@@ -15,15 +15,13 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
+import torch
 
-if TYPE_CHECKING:
-    import torch
-
-    from pipeline.protocol import Group
+from pipeline import protocol as P
 
 PAD_ID = 0  # any id works: with right padding and causal attention no real token ever attends to a pad
 
@@ -52,8 +50,21 @@ class MicroBatch:
     num_tokens: int  # valid tokens in this micro-batch
     prox_logp_BT: torch.Tensor | None = None  # decoupled PPO: filled by the learner before the update
 
+    def to(self, device: torch.device) -> MicroBatch:
+        """This micro-batch with the tensors the loss reads on `device` (itself when already there).
 
-def flatten(groups: list[Group]) -> list[Seq]:
+        `version_B` stays on the CPU (only statistics read it); `prox_logp_BT` is computed on the device.
+        """
+        if device.type == "cpu":
+            return self
+        return replace(self, input_ids_BT=self.input_ids_BT.to(device, non_blocking=True),
+                       position_ids_BT=self.position_ids_BT.to(device, non_blocking=True),
+                       mask_BT=self.mask_BT.to(device, non_blocking=True),
+                       old_logp_BT=self.old_logp_BT.to(device, non_blocking=True),
+                       adv_B=self.adv_B.to(device, non_blocking=True))
+
+
+def flatten(groups: list[P.Group]) -> list[Seq]:
     """Every sample of every group as a Seq, in order."""
     seqs = []
     for gi, g in enumerate(groups):
@@ -67,7 +78,7 @@ def flatten(groups: list[Group]) -> list[Seq]:
     return seqs
 
 
-def split_minibatches(groups: list[Group], num_mini: int) -> list[list[Group]]:
+def split_minibatches(groups: list[P.Group], num_mini: int) -> list[list[P.Group]]:
     """Contiguous runs of whole groups, as even as possible (fewer runs when there are fewer groups)."""
     if num_mini < 1:
         raise ValueError(f"num_mini must be >= 1, got {num_mini}")
@@ -117,8 +128,6 @@ def equalize(micro: list[list[int]], count: int) -> list[list[int]]:
 
 def collate(seqs: list[Seq]) -> MicroBatch:
     """Right-padded tensors for `seqs` (an empty list gives one dummy row with no valid token)."""
-    import torch
-
     if not seqs:
         z = torch.zeros((1, 1), dtype=torch.long)
         return MicroBatch(z, z.clone(), torch.zeros((1, 1), dtype=torch.bool), torch.zeros((1, 1)),
@@ -141,7 +150,7 @@ def collate(seqs: list[Seq]) -> MicroBatch:
     )
 
 
-def plan_minibatch(groups: list[Group], rank: int, world_size: int, micro_batch_tokens: int
+def plan_minibatch(groups: list[P.Group], rank: int, world_size: int, micro_batch_tokens: int
                    ) -> tuple[list[MicroBatch], int]:
     """This rank's micro-batches of one mini-batch, and the mini-batch's valid tokens over all ranks."""
     seqs = flatten(groups)
@@ -154,7 +163,7 @@ def plan_minibatch(groups: list[Group], rank: int, world_size: int, micro_batch_
     return [collate([seqs[i] for i in m]) for m in mine], total
 
 
-def batch_stats(groups: list[Group], learner_version: int) -> dict[str, Any]:
+def batch_stats(groups: list[P.Group], learner_version: int) -> dict[str, Any]:
     """Data statistics of a batch: rewards, advantages, lengths, staleness (learner version - sample version)."""
     samples = [s for g in groups for s in g.samples]
     if not samples:

@@ -19,23 +19,24 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from pipeline.consumer.backends import LearnerBackend
 
 LATEST = "latest"
 
 
 def _barrier(world_size: int) -> None:
     if world_size > 1:
-        import torch.distributed as dist
-
         dist.barrier()
 
 
 def _rng_state() -> dict[str, Any]:
-    import torch
-
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "python": json.dumps(random.getstate()),
@@ -49,8 +50,6 @@ def _rng_state() -> dict[str, Any]:
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
-    import torch
-
     py = json.loads(state["python"])
     random.setstate((py[0], tuple(py[1]), py[2]))
     n = state["numpy"]
@@ -69,14 +68,12 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(root: Path, backend, version: int, optimizer_steps: int, extra: bytes = b"",
+def save_checkpoint(root: Path, backend: LearnerBackend, version: int, optimizer_steps: int, extra: bytes = b"",
                     keep: int = 2) -> Path:
     """Write checkpoint `step_{version:06d}` under `root` on every rank (collective); returns its path.
 
     Keeps the newest `keep` checkpoints (0 = all) and deletes older ones.
     """
-    import torch
-
     root = Path(root)
     name = f"step_{version:06d}"
     tmp, final = root / f".tmp-{name}", root / name
@@ -90,7 +87,7 @@ def save_checkpoint(root: Path, backend, version: int, optimizer_steps: int, ext
     torch.save(_rng_state(), tmp / f"rng_rank{rank}.pt")
     if rank == 0:
         meta = {"version": version, "optimizer_steps": optimizer_steps, "backend": backend.name,
-                "world_size": world, "zero_stage": getattr(backend, "zero_stage", None)}
+                "world_size": world, "zero_stage": backend.zero_stage}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         (tmp / "extra.bin").write_bytes(bytes(extra))
     _barrier(world)
@@ -116,10 +113,8 @@ def latest_checkpoint(root: Path) -> Path | None:
     return path if (path / "meta.json").is_file() else None
 
 
-def load_checkpoint(path: Path, backend) -> tuple[dict[str, Any], bytes]:
+def load_checkpoint(path: Path, backend: LearnerBackend) -> tuple[dict[str, Any], bytes]:
     """Restore weights, optimizer, scheduler and this rank's RNG from `path`; returns (meta, extra)."""
-    import torch
-
     path = Path(path)
     meta_file = path / "meta.json"
     if not meta_file.is_file():
@@ -128,8 +123,9 @@ def load_checkpoint(path: Path, backend) -> tuple[dict[str, Any], bytes]:
     if meta["backend"] != backend.name:
         raise ValueError(f"checkpoint {path} was written by the {meta['backend']} backend; resume with "
                          f"--learner.backend {meta['backend']}")
-    if backend.name == "deepspeed" and (meta["world_size"] != backend.world_size
-                                        or meta["zero_stage"] != getattr(backend, "zero_stage", None)):
+    # sharded state (ZeRO) resumes only on the layout that wrote it; full replicas resume on any number of ranks
+    if backend.zero_stage is not None and (meta["world_size"] != backend.world_size
+                                           or meta["zero_stage"] != backend.zero_stage):
         raise ValueError(f"checkpoint {path} holds ZeRO-{meta['zero_stage']} shards of {meta['world_size']} "
                          f"rank(s); resume with the same learner.num_ranks and learner.zero_stage")
     backend.load(path)

@@ -19,12 +19,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+import torch.distributed as dist
+
+from pipeline import protocol as P
 from pipeline.consumer import batching, checkpoint
 from pipeline.consumer import loss as loss_mod
+from pipeline.consumer.backends import make_backend
+from pipeline.consumer.model import PolicyModule, load_model
+from pipeline.consumer.weights import publish_weights
 
 if TYPE_CHECKING:
     from pipeline.config import Config
-    from pipeline.protocol import Group
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +39,6 @@ class Learner:
     """Policy, optimizer and version counter of the consumer (one per rank)."""
 
     def __init__(self, cfg: Config, attn_implementation: str = "sdpa") -> None:
-        import torch
-
-        from pipeline.consumer.backends import make_backend
-        from pipeline.consumer.model import load_model, make_policy_module
-
         self.cfg = cfg
         lc = cfg.learner
         if lc.tis_cap and not lc.decoupled:
@@ -45,35 +46,25 @@ class Learner:
         torch.manual_seed(cfg.run.seed)
         # float32 master weights for the torch backend; DeepSpeed casts to bf16/fp16 itself on GPUs
         model = load_model(cfg.model.path, "float32", attn_implementation, lc.gradient_checkpointing)
-        self.policy = make_policy_module(model, cfg.sampling.temperature)
+        self.policy = PolicyModule(model, cfg.sampling.temperature)
         self.backend = make_backend(cfg, self.policy)
         self.rank, self.world_size, self.device = self.backend.rank, self.backend.world_size, self.backend.device
         self.version = 0
         self.optimizer_steps = 0
         self.publish_dtype = getattr(torch, cfg.model.dtype)
+        self.loss_cfg = loss_mod.LossConfig.from_learner(lc)
 
     # ------------------------------------------------------------------ training
 
-    def _to_device(self, mb: batching.MicroBatch) -> batching.MicroBatch:
-        d = self.device
-        if d.type == "cpu":
-            return mb
-        return batching.MicroBatch(
-            mb.input_ids_BT.to(d, non_blocking=True), mb.position_ids_BT.to(d, non_blocking=True),
-            mb.mask_BT.to(d, non_blocking=True), mb.old_logp_BT.to(d, non_blocking=True),
-            mb.adv_B.to(d, non_blocking=True), mb.version_B, mb.num_tokens, mb.prox_logp_BT)
-
     def _proximal(self, plans: list[tuple[list[batching.MicroBatch], int]]) -> None:
         """Decoupled PPO: log-probs of the current weights, before any update of this step (no grad)."""
-        import torch
-
         with torch.no_grad():
             for micro, _ in plans:
                 for i, mb in enumerate(micro):
-                    logp, _ = self.backend.forward(self._to_device(mb), with_entropy=False)
+                    logp, _ = self.backend.forward(mb.to(self.device), with_entropy=False)
                     micro[i].prox_logp_BT = logp.detach()
 
-    def train_step(self, groups: list[Group]) -> dict[str, Any]:
+    def train_step(self, groups: list[P.Group]) -> dict[str, Any]:
         """Train on one batch (all its mini-batches), advance the version, return the step's metrics."""
         if not groups:
             raise ValueError("train_step needs at least one group (an empty Batch means: wait for more)")
@@ -96,12 +87,11 @@ class Learner:
         for micro, num_tokens in plans:
             acc = None
             for i, mb in enumerate(micro):
-                mb = self._to_device(mb)
+                mb = mb.to(self.device)
                 with self.backend.accumulate(last=i == len(micro) - 1):
                     logp_BT, ent_BT = self.backend.forward(mb, with_entropy=True, entropy_grad=want_entropy_grad)
                     loss, stats = loss_mod.ppo_loss(
-                        logp_BT, mb.old_logp_BT, mb.adv_B, mb.mask_BT, lc.clip_low, lc.clip_high, lc.dual_clip,
-                        lc.tis_cap, entropy_BT=ent_BT, entropy_coef=lc.entropy_coef,
+                        logp_BT, mb.old_logp_BT, mb.adv_B, mb.mask_BT, self.loss_cfg, entropy_BT=ent_BT,
                         num_tokens=max(num_tokens, 1), prox_logp_BT=mb.prox_logp_BT)
                     self.backend.backward(loss * self.world_size)
                 acc = loss_mod.add_stats(acc, stats)
@@ -128,9 +118,6 @@ class Learner:
         """Sum the stats over ranks (max for ratio_max): one collective per mini-batch."""
         if self.world_size == 1:
             return acc
-        import torch
-        import torch.distributed as dist
-
         sums = torch.stack([acc[k].to(self.device) for k in loss_mod.STAT_SUMS])
         dist.all_reduce(sums)
         mx = acc["ratio_max"].to(self.device).reshape(1).clone()
@@ -148,10 +135,8 @@ class Learner:
         """
         return self.backend.full_state_dict(self.publish_dtype)
 
-    def publish(self, keep: int | None = None):
+    def publish(self, keep: int | None = None) -> P.WeightAnnouncement | None:
         """Write the current weights as version `self.version` (rank 0); returns the announcement or None."""
-        from pipeline.consumer.weights import publish_weights
-
         state = self.state_dict_for_publish()
         if state is None:
             return None

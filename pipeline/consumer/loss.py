@@ -27,14 +27,34 @@ scale. Without `decoupled` the anchor is the behaviour policy itself, w = 1, and
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
 if TYPE_CHECKING:
-    import torch
+    from pipeline.config import LearnerConfig
 
 # keys of the per-call stats; sums so that micro-batches and ranks can be added up before dividing
 STAT_SUMS = ("num_tokens", "clip_sum", "dual_clip_sum", "ratio_sum", "kl_sum", "entropy_sum", "weight_sum",
              "loss_sum")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The objective's settings (see the module docstring for the formula they enter)."""
+
+    clip_low: float  # the ratio is clipped to [1 - clip_low, 1 + clip_high]
+    clip_high: float
+    dual_clip: float = 0.0  # the bound c (> 1) on the loss of negative-advantage tokens, 0 = off
+    tis_cap: float = 0.0  # truncation of the decoupled behaviour weight, 0 = off
+    entropy_coef: float = 0.0  # entropy bonus (maximised) when the entropy is given
+
+    @classmethod
+    def from_learner(cls, lc: LearnerConfig) -> LossConfig:
+        """The loss settings of a learner config."""
+        return cls(clip_low=lc.clip_low, clip_high=lc.clip_high, dual_clip=lc.dual_clip, tis_cap=lc.tis_cap,
+                   entropy_coef=lc.entropy_coef)
 
 
 def ppo_loss(
@@ -42,12 +62,9 @@ def ppo_loss(
     old_logp_BT: torch.Tensor,
     adv: torch.Tensor,
     mask_BT: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float = 0.0,
-    tis_cap: float = 0.0,
+    cfg: LossConfig,
+    *,
     entropy_BT: torch.Tensor | None = None,
-    entropy_coef: float = 0.0,
     num_tokens: float | int | torch.Tensor | None = None,
     prox_logp_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -57,18 +74,14 @@ def ppo_loss(
     old_logp_BT: the behaviour log-probs the engine returned.
     adv: per-sequence advantages [B] (broadcast over tokens) or per-token [B, T].
     mask_BT: 1/True where the position predicts a completion token; padding and prompt are 0.
-    clip_low, clip_high: the ratio is clipped to [1 - clip_low, 1 + clip_high].
-    dual_clip: the bound c (> 1) on the loss of negative-advantage tokens, 0 = off.
-    tis_cap: truncation of the decoupled behaviour weight, 0 = off.
-    entropy_BT, entropy_coef: entropy bonus (maximised) when both are given.
+    cfg: clip range, dual clip, TIS cap and entropy coefficient.
+    entropy_BT: per-token entropy; the bonus applies when it is given and cfg.entropy_coef is not 0.
     num_tokens: token-mean denominator (the global mini-batch count); None = the valid tokens of this call.
     prox_logp_BT: proximal log-probs (decoupled PPO); None = clip against the behaviour policy.
 
     Returns (loss, stats): stats hold detached sums over valid tokens (`STAT_SUMS`) plus `ratio_max`;
     turn them into means with `finalize_stats` after adding up micro-batches and ranks.
     """
-    import torch
-
     if logp_BT.shape != old_logp_BT.shape or logp_BT.shape != mask_BT.shape:
         raise ValueError(f"logp {tuple(logp_BT.shape)}, old_logp {tuple(old_logp_BT.shape)} and mask "
                          f"{tuple(mask_BT.shape)} must have the same shape")
@@ -93,26 +106,26 @@ def ppo_loss(
     log_ratio = torch.where(valid, logp_BT - anchor, torch.zeros_like(logp_BT))
     ratio = torch.exp(log_ratio)
     pg1 = -adv_BT * ratio
-    pg2 = -adv_BT * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    pg2 = -adv_BT * torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     per_token = torch.maximum(pg1, pg2)
     clipped = pg2 > pg1
     dual = torch.zeros_like(valid)
-    if dual_clip > 0:
-        bound = -adv_BT * dual_clip  # = c * |A| where A < 0
+    if cfg.dual_clip > 0:
+        bound = -adv_BT * cfg.dual_clip  # = c * |A| where A < 0
         dual = (adv_BT < 0) & (per_token > bound)
         per_token = torch.where(adv_BT < 0, torch.minimum(per_token, bound), per_token)
 
     if prox_logp_BT is not None:
         weight = torch.exp(torch.where(valid, anchor - old, torch.zeros_like(anchor)))
-        if tis_cap > 0:
-            weight = torch.clamp(weight, max=tis_cap)
+        if cfg.tis_cap > 0:
+            weight = torch.clamp(weight, max=cfg.tis_cap)
         per_token = per_token * weight.detach()
     else:
         weight = torch.ones_like(ratio)
 
     loss = (per_token * mask).sum() / denom
-    if entropy_BT is not None and entropy_coef:
-        loss = loss - entropy_coef * (entropy_BT * mask).sum() / denom
+    if entropy_BT is not None and cfg.entropy_coef:
+        loss = loss - cfg.entropy_coef * (entropy_BT * mask).sum() / denom
 
     with torch.no_grad():
         log_ratio_b = torch.where(valid, logp_BT - old, torch.zeros_like(logp_BT))  # vs behaviour
@@ -135,8 +148,6 @@ def ppo_loss(
 
 def add_stats(total: dict[str, torch.Tensor] | None, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Accumulate micro-batch stats (sums add, `ratio_max` takes the max). Stays on device: no sync."""
-    import torch
-
     if total is None:
         return dict(stats)
     out = {k: total[k] + stats[k] for k in STAT_SUMS}

@@ -11,10 +11,10 @@ and for large N x V it goes through the LM head in chunks whose float32 logits a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import torch
+import torch
+from torch.utils.checkpoint import checkpoint
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 # config attributes of architectures whose logits are not plain lm_head(hidden): they take the slow path
@@ -23,11 +23,8 @@ CHUNK_ELEMENTS = 1 << 27  # float32 logits elements (512 MiB) above which the he
 
 
 def load_model(path: str | Path, dtype: str = "float32", attn_implementation: str = "sdpa",
-               gradient_checkpointing: bool = False):
+               gradient_checkpointing: bool = False) -> PreTrainedModel:
     """An AutoModelForCausalLM from a local directory, in training mode, without the KV cache."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     p = Path(path)
     if not (p / "config.json").is_file():
         raise ValueError(f"model.path {str(path)!r} is not a Hugging Face model directory (no config.json); "
@@ -53,8 +50,6 @@ def _plain_head(model) -> bool:
 def _head_logp(head, h_NH: torch.Tensor, targets_N: torch.Tensor, temperature: float, with_entropy: bool,
                entropy_grad: bool):
     """log p(target) and entropy of softmax(head(h) / T), upcast to float32."""
-    import torch
-
     logits = head(h_NH).float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -70,9 +65,6 @@ def _head_logp(head, h_NH: torch.Tensor, targets_N: torch.Tensor, temperature: f
 
 def _chunked_head(head, h_NH, targets_N, temperature, with_entropy, entropy_grad, vocab):
     """The head in chunks; under grad each chunk is checkpointed so only one chunk's logits live at a time."""
-    import torch
-    from torch.utils.checkpoint import checkpoint
-
     rows = max(1, CHUNK_ELEMENTS // max(vocab, 1))
     outs_logp, outs_ent = [], []
     for s in range(0, h_NH.shape[0], rows):
@@ -98,8 +90,6 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     `attention_mask` may be None for right-padded batches: causal attention already keeps real tokens from
     seeing the padding after them, and SDPA then takes its fast causal path.
     """
-    import torch
-
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     B, T = input_ids.shape
@@ -132,22 +122,21 @@ def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     return logp_BT, ent_BT
 
 
-def make_policy_module(model, temperature: float):
+class PolicyModule(torch.nn.Module):
     """An nn.Module whose forward returns (logp_BT, entropy_BT): what DDP and DeepSpeed wrap.
 
     DDP and the DeepSpeed engine only see gradients of computations that run through their own forward, so
     the selected-position head must live inside a module rather than being called on `model.base_model`.
+    The HF model is the submodule `lm` (checkpoints and published weights strip that prefix).
     """
-    import torch
 
-    class _Policy(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lm = model
-            self.temperature = temperature
+    def __init__(self, model: PreTrainedModel, temperature: float) -> None:
+        super().__init__()
+        self.lm = model
+        self.temperature = temperature
 
-        def forward(self, input_ids, position_ids, mask_BT, with_entropy: bool = True, entropy_grad: bool = False):
-            return token_logprobs(self.lm, input_ids, None, self.temperature, mask_BT=mask_BT,
-                                  position_ids=position_ids, with_entropy=with_entropy, entropy_grad=entropy_grad)
-
-    return _Policy()
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask_BT: torch.Tensor,
+                with_entropy: bool = True, entropy_grad: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return token_logprobs(self.lm, input_ids, None, self.temperature, mask_BT=mask_BT,
+                              position_ids=position_ids, with_entropy=with_entropy, entropy_grad=entropy_grad)

@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from pipeline.protocol import WeightAnnouncement
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
-if TYPE_CHECKING:
-    import torch
+from pipeline import protocol as P
 
 _NAME = re.compile(r"^v(\d{6,})\.safetensors$")
 
@@ -42,13 +41,11 @@ def weights_path(weights_dir: str | Path, version: int) -> Path:
 
 
 def publish_weights(state_dict: dict[str, torch.Tensor], weights_dir: str | Path, version: int,
-                    keep: int = 2) -> WeightAnnouncement:
+                    keep: int = 2) -> P.WeightAnnouncement:
     """Write `state_dict` as `weights_dir/v{version:06d}.safetensors` atomically; keep the newest `keep` files.
 
     Call on rank 0 only. Tensors must be on the CPU, contiguous and must not share storage.
     """
-    from safetensors.torch import save_file
-
     if version < 0:
         raise ValueError(f"version must be >= 0, got {version}")
     if keep < 1:
@@ -68,7 +65,7 @@ def publish_weights(state_dict: dict[str, torch.Tensor], weights_dir: str | Path
     os.replace(tmp, final)
     _fsync_dir(out_dir)
     prune(out_dir, keep)
-    return WeightAnnouncement(version=version, uri=str(final), num_bytes=final.stat().st_size)
+    return P.WeightAnnouncement(version=version, uri=str(final), num_bytes=final.stat().st_size)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -106,8 +103,6 @@ def prune(weights_dir: str | Path, keep: int) -> list[int]:
 
 def iter_weights(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of a published file, one tensor at a time (memory-mapped; what reload_weights takes)."""
-    from safetensors import safe_open
-
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"weights file {p} does not exist (was it pruned? weights.keep too small?)")
@@ -123,10 +118,3 @@ def file_version(path: str | Path) -> int:
         raise ValueError(f"{path} is not a published weights file (expected v000123.safetensors)")
     return int(m.group(1))
 
-
-def timed_publish(state_dict: dict[str, Any], weights_dir: str | Path, version: int, keep: int
-                  ) -> tuple[WeightAnnouncement, float]:
-    """publish_weights and the seconds it took."""
-    t0 = time.perf_counter()
-    ann = publish_weights(state_dict, weights_dir, version, keep)
-    return ann, time.perf_counter() - t0
