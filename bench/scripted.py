@@ -106,7 +106,7 @@ def run_producer(connect: str, producer_id: str, round_seconds: float = 0.0, max
                     samples.append(P.Sample(ids, lp, float(rng.random() < p), version, "stop"))
                 prompt_ids = rng.integers(0, vocab, size=min(len(rnd.prompt), 32) or 1, dtype=np.int32)
                 client.send(P.RoundResult(producer_id, rnd.round_id, rnd.prompt_id, prompt_ids, samples,
-                                          round_seconds))
+                                          round_seconds, rnd.kind))
                 counts["rounds"] += 1
                 counts["samples"] += len(samples)
     finally:
