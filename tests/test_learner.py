@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from learner_worker import load_groups, make_cfg, make_groups, make_tiny_model, save_groups
+from learner_worker import load_groups, make_cfg, make_groups, make_tiny_model, poison, save_groups
 
 from pipeline import protocol
 from pipeline.consumer import batching
+from pipeline.consumer.backends import LearnerBackend, make_backend
 from pipeline.consumer.learner import Learner
 from pipeline.consumer.model import load_model, token_logprobs
 from pipeline.consumer.weights import iter_weights, publish_weights, published_versions
@@ -182,6 +186,15 @@ def test_training_raises_positive_and_lowers_negative_completions(tiny, groups, 
     assert sum(d > 0 for d in up) >= 0.75 * len(up) and sum(d < 0 for d in down) >= 0.75 * len(down)
 
 
+def test_learner_backend_protocol_and_choice(tiny, tmp_path):
+    learner = Learner(make_cfg(tiny, tmp_path))
+    assert isinstance(learner.backend, LearnerBackend) and learner.backend.name == "torch"
+    assert learner.backend.zero_stage is None  # full replicas: a checkpoint resumes on any number of ranks
+    cfg = SimpleNamespace(learner=SimpleNamespace(backend="jax"))  # past the config check
+    with pytest.raises(ValueError, match="use 'torch' or 'deepspeed'"):
+        make_backend(cfg, learner.policy)
+
+
 def test_decoupled_step_uses_proximal_logprobs(tiny, groups, tmp_path):
     learner = Learner(make_cfg(tiny, tmp_path, "torch", 2, "--learner.decoupled", "true",
                                "--learner.tis_cap", "1.2", "--learner.mini_batches", "1"))
@@ -210,6 +223,72 @@ def test_resume_continues_with_the_same_next_loss(tiny, groups, tmp_path):
     assert all(torch.allclose(sa[k], sb[k], atol=1e-7) for k in sa)
 
 
+def test_nonfinite_batch_is_skipped_and_nothing_is_applied(tiny, groups, tmp_path, caplog):
+    """A NaN behaviour log-prob in each mini-batch: both optimizer steps are skipped, counted and logged with
+    their prompt ids; weights, optimizer and lr schedule stay as they were, so the next clean batch trains
+    exactly like a fresh learner's first one."""
+    a = Learner(make_cfg(tiny, tmp_path / "a"))
+    before = {k: v.clone() for k, v in a.state_dict_for_publish().items()}
+    with caplog.at_level(logging.WARNING, logger="pipeline.consumer.learner"):
+        m = a.train_step(poison(groups, [(0, 1), (3, 0)]))
+    assert m["skipped_steps"] == 2 and m["skipped_steps_total"] == 2 and m["optimizer_steps"] == 0
+    assert m["version"] == 1 and math.isnan(m["loss"])
+    after = a.state_dict_for_publish()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    skips = [r.getMessage() for r in caplog.records if "skipped optimizer step" in r.getMessage()]
+    assert len(skips) == 2 and "the loss is not finite" in skips[0]
+    assert f"[{groups[0].prompt_id}, {groups[1].prompt_id}]" in skips[0]
+    assert f"[{groups[2].prompt_id}, {groups[3].prompt_id}]" in skips[1]
+
+    got = a.train_step(groups)
+    expected = Learner(make_cfg(tiny, tmp_path / "b")).train_step(groups)
+    assert got["skipped_steps"] == 0 and got["optimizer_steps"] == expected["optimizer_steps"] == 2
+    assert (got["loss"], got["grad_norm"], got["lr"]) == (expected["loss"], expected["grad_norm"], expected["lr"])
+
+
+def test_one_nonfinite_minibatch_skips_only_its_step(tiny, groups, tmp_path):
+    learner = Learner(make_cfg(tiny, tmp_path))
+    m = learner.train_step(poison(groups, [(2, 3)]))  # the second mini-batch (groups 2 and 3)
+    assert m["skipped_steps"] == 1 and m["optimizer_steps"] == 1
+    assert math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
+    assert all(torch.isfinite(t).all() for t in learner.state_dict_for_publish().values())
+
+
+@pytest.mark.slow
+def test_nonfinite_batch_is_skipped_on_every_rank_ddp_zero(tiny, groups, tmp_path):
+    """The NaN sits in one sample, so on one rank only: every rank must skip the same steps (DDP, ZeRO-0/2/3),
+    and the next clean batch trains exactly (loss, gradient norm, lr) like a fresh learner's first."""
+    gfile = tmp_path / "groups.bin"
+    save_groups(groups, gfile)
+    setups = ("ddp_nan", "zero0_nan", "zero2_nan", "zero3_nan")
+    proc = _torchrun(tiny, gfile, tmp_path, *setups)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for name in setups:
+        m = json.loads((tmp_path / name / "metrics.json").read_text())
+        assert m["skipped_steps"] == 2 and m["optimizer_steps"] == 0 and m["unchanged"], (name, m)
+        assert m["got"] == m["expected"], name
+
+
+@pytest.mark.slow
+def test_rank_messages_reach_every_rank(groups, tmp_path):
+    """Rank 0's batch (as protocol frames), error and stop arrive typed on rank 1, through tensors (no pickle)."""
+    gfile = tmp_path / "groups.bin"
+    save_groups(groups, gfile)
+    proc = _torchrun(tmp_path, gfile, tmp_path, "ranks")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads((tmp_path / "ranks.json").read_text())
+    assert got == {"kinds": ["BatchFrames", "RankError", "Stop"], "same_batch": True,
+                   "error": "no batch arrived: check the buffer", "stop": "done"}
+
+
+def _torchrun(tiny, gfile, out_dir, *setups):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    return subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(_free_port()),
+                           str(ROOT / "tests" / "learner_worker.py"), str(tiny), str(gfile), str(out_dir), "2",
+                           *setups], env=env, capture_output=True, text=True, timeout=300)
+
+
 @pytest.mark.slow
 def test_backends_agree_torch_ddp_zero2_zero3(tiny, groups, tmp_path):
     """One process, DDP (2 ranks, gloo) and DeepSpeed ZeRO-2/3 (2 ranks): same losses and published weights;
@@ -219,12 +298,7 @@ def test_backends_agree_torch_ddp_zero2_zero3(tiny, groups, tmp_path):
     from learner_worker import run_setups
 
     run_setups(tiny, gfile, tmp_path, 2, ["torch"])
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    torchrun = str(Path(sys.executable).with_name("torchrun"))
-    proc = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(_free_port()),
-                           str(ROOT / "tests" / "learner_worker.py"), str(tiny), str(gfile), str(tmp_path), "2",
-                           "ddp", "zero2", "zero3", "zero3_resume"], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = _torchrun(tiny, gfile, tmp_path, "ddp", "zero2", "zero3", "zero3_resume")
     assert proc.returncode == 0, proc.stderr[-4000:]
     ref_losses = json.loads((tmp_path / "torch" / "metrics.json").read_text())["losses"]
     ref = dict(iter_weights(tmp_path / "torch" / "v000002.safetensors"))

@@ -8,21 +8,24 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.consumer.loss import LossConfig, add_stats, finalize_stats, ppo_loss
+from pipeline.consumer.loss import LOG_RATIO_CLAMP, LossConfig, add_stats, finalize_stats, ppo_loss
 
 CL, CH, C = 0.2, 0.28, 3.0
+CLAMP = LOG_RATIO_CLAMP
 
 
 def ref_token(lp, old, a, prox=None, cap=0.0, dual=C):
     """(loss, d loss / d lp) of one token, float64, straight from the formula in loss.py's docstring."""
     anchor = old if prox is None else prox
-    r = math.exp(lp - anchor)
+    r = math.exp(min(max(lp - anchor, -CLAMP), CLAMP))
     pg1, pg2 = -a * r, -a * min(max(r, 1 - CL), 1 + CH)
     loss, grad = (pg1, -a * r) if pg1 >= pg2 else (pg2, 0.0)
+    if abs(lp - anchor) > CLAMP:
+        grad = 0.0  # the clamp binds: no gradient through rho
     if dual > 0 and a < 0 and loss > -dual * a:
         loss, grad = -dual * a, 0.0
     if prox is not None:
-        w = math.exp(prox - old)
+        w = math.exp(min(max(prox - old, -CLAMP), CLAMP))
         w = min(w, cap) if cap > 0 else w
         loss, grad = loss * w, grad * w
     return loss, grad
@@ -60,10 +63,11 @@ def case():
     return lp, old, adv, mask
 
 
-def run(lp, old, adv, mask, dual_clip=0.0, tis_cap=0.0, **kw):
+def run(lp, old, adv, mask, dual_clip=0.0, tis_cap=0.0, clamp=CLAMP, **kw):
     lp_t = torch.tensor(lp, dtype=torch.float32, requires_grad=True)
+    cfg = LossConfig(CL, CH, dual_clip=dual_clip, tis_cap=tis_cap, log_ratio_clamp=clamp)
     loss, stats = ppo_loss(lp_t, torch.tensor(old, dtype=torch.float32), torch.tensor(adv, dtype=torch.float32),
-                           torch.tensor(mask), LossConfig(CL, CH, dual_clip=dual_clip, tis_cap=tis_cap), **kw)
+                           torch.tensor(mask), cfg, **kw)
     loss.backward()
     return loss, stats, lp_t.grad
 
@@ -159,3 +163,43 @@ def test_empty_mask_gives_zero_loss_and_finite_grad():
     loss, stats, grad = run(lp, old, adv, np.zeros_like(mask), dual_clip=C)
     assert loss.item() == 0.0 and torch.all(grad == 0)
     assert finalize_stats(stats)["num_tokens"] == 0
+
+
+def far_off_policy():
+    """Log ratios of +-95 (exp overflows float32 beyond 88.7) under A = +1, -1 and 0."""
+    old = np.full((3, 2), -100.0)
+    lp = old + np.array([95.0, -95.0])
+    return lp, old, np.array([1.0, -1.0, 0.0]), np.ones((3, 2), dtype=bool)
+
+
+@pytest.mark.parametrize("dual", [0.0, C])
+def test_log_ratio_95_gives_finite_loss_and_grads(dual):
+    lp, old, adv, mask = far_off_policy()
+    loss, stats, grad = run(lp, old, adv, mask, dual_clip=dual)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    ref, ref_grad = ref_loss(lp, old, adv, mask, dual=dual)
+    assert loss.item() == pytest.approx(ref, rel=1e-5)
+    assert torch.all(grad == 0)  # the clamp binds on every token: nothing flows through rho
+    np.testing.assert_array_equal(grad.numpy(), ref_grad)
+    assert all(math.isfinite(v) for v in finalize_stats(stats).values())
+    # the test can fail: without the clamp A = 0 tokens give 0 * inf = NaN, and the gradients are NaN
+    unclamped, _, grad_unclamped = run(lp, old, adv, mask, dual_clip=dual, clamp=math.inf)
+    assert not torch.isfinite(unclamped) and not torch.isfinite(grad_unclamped).all()
+
+
+def test_decoupled_weight_exponent_is_clamped_too():
+    lp, old, adv, mask = far_off_policy()
+    prox = old + 95.0  # the proximal policy as far from the behaviour one as the current policy
+    for cap in (0.0, 2.0):
+        loss, stats, grad = run(prox, old, adv, mask, dual_clip=C, tis_cap=cap,
+                                prox_logp_BT=torch.tensor(prox, dtype=torch.float32))
+        assert torch.isfinite(loss) and torch.isfinite(grad).all()
+        ref, ref_grad = ref_loss(prox, old, adv, mask, prox=prox, cap=cap)
+        assert loss.item() == pytest.approx(ref, rel=1e-5)
+        np.testing.assert_allclose(grad.numpy(), ref_grad, rtol=1e-5)
+        w = min(math.exp(CLAMP), cap) if cap else math.exp(CLAMP)
+        assert finalize_stats(stats)["behaviour_weight"] == pytest.approx(w, rel=1e-5)
+        if not cap:  # the test can fail: without the clamp the uncapped weight is inf, and inf * (A = 0) is NaN
+            unclamped, _, _ = run(prox, old, adv, mask, dual_clip=C, clamp=math.inf,
+                                  prox_logp_BT=torch.tensor(prox, dtype=torch.float32))
+            assert not torch.isfinite(unclamped)

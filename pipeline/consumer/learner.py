@@ -9,12 +9,17 @@ Per train_step:
 3. decoupled PPO only: recompute the proximal log-probs of every micro-batch with the current weights;
 4. per mini-batch: forward/backward every micro-batch with loss * world_size (ranks average gradients, the
    loss is a token-mean over the global mini-batch), then clip and step.
+
+A mini-batch whose loss (on any rank) or gradient norm is not finite is skipped on every rank: no weight,
+optimizer or lr-schedule update, its gradients dropped; it is counted (`skipped_steps`) and logged with its
+groups' prompt ids. The version still advances: the batch was consumed.
 Every rank runs the same code on the same groups (rank 0 broadcasts them); metrics are reduced over ranks.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +56,7 @@ class Learner:
         self.rank, self.world_size, self.device = self.backend.rank, self.backend.world_size, self.backend.device
         self.version = 0
         self.optimizer_steps = 0
+        self.skipped_steps = 0  # optimizer steps skipped (non-finite loss or gradients) since this process started
         self.publish_dtype = getattr(torch, cfg.model.dtype)
         self.loss_cfg = loss_mod.LossConfig.from_learner(lc)
 
@@ -82,37 +88,70 @@ class Learner:
         if lc.decoupled:
             self._proximal(plans)
         self.policy.train()
-        totals, losses, grad_norms, lrs = None, [], [], []
-        want_entropy_grad = lc.entropy_coef > 0
-        for micro, num_tokens in plans:
-            acc = None
-            for i, mb in enumerate(micro):
-                mb = mb.to(self.device)
-                with self.backend.accumulate(last=i == len(micro) - 1):
-                    logp_BT, ent_BT = self.backend.forward(mb, with_entropy=True, entropy_grad=want_entropy_grad)
-                    loss, stats = loss_mod.ppo_loss(
-                        logp_BT, mb.old_logp_BT, mb.adv_B, mb.mask_BT, self.loss_cfg, entropy_BT=ent_BT,
-                        num_tokens=max(num_tokens, 1), prox_logp_BT=mb.prox_logp_BT)
-                    self.backend.backward(loss * self.world_size)
-                acc = loss_mod.add_stats(acc, stats)
-            lrs.append(self.backend.lr)
-            grad_norms.append(self.backend.step())
+        totals, skipped_totals, losses, grad_norms, lrs, skipped = None, None, [], [], [], 0
+        for k, (micro, num_tokens) in enumerate(plans):
+            lr = self.backend.lr
+            acc, grad_norm = self._mini_batch(micro, num_tokens)
+            if not math.isfinite(grad_norm):  # nothing was applied, on any rank (backends/__init__.py)
+                skipped += 1
+                skipped_totals = loss_mod.add_stats(skipped_totals, acc)
+                self._log_skipped(k, len(plans), acc, grad_norm, minis[k])
+                continue
             self.optimizer_steps += 1
-            acc = self._reduce(acc)
+            lrs.append(lr)
+            grad_norms.append(grad_norm)
             mini = loss_mod.finalize_stats(acc)
             losses.append(mini["pg_loss"] - lc.entropy_coef * mini["entropy"])
             totals = loss_mod.add_stats(totals, acc)
+        self.skipped_steps += skipped
         self.version += 1
         seconds = time.perf_counter() - t0
+        nan = float("nan")  # every mini-batch skipped: no loss was optimised
         out = {"step": self.version, "version": self.version, "optimizer_steps": self.optimizer_steps,
-               "loss": sum(losses) / len(losses), "grad_norm": sum(grad_norms) / len(grad_norms), "lr": lrs[-1],
-               "learner_seconds": seconds}
-        out.update(loss_mod.finalize_stats(totals))
+               "loss": sum(losses) / len(losses) if losses else nan,
+               "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else nan,
+               "lr": lrs[-1] if lrs else self.backend.lr, "learner_seconds": seconds,
+               "skipped_steps": skipped, "skipped_steps_total": self.skipped_steps}
+        out.update(loss_mod.finalize_stats(totals if totals is not None else skipped_totals))
         out.update(data_stats)
         num_seq_tokens = sum(g.prompt_token_ids.size * len(g.samples) + sum(s.token_ids.size for s in g.samples)
                              for g in groups)
         out["tokens_per_s"] = num_seq_tokens / max(seconds, 1e-9)
         return out
+
+    def _mini_batch(self, micro: list[batching.MicroBatch], num_tokens: int
+                    ) -> tuple[dict[str, torch.Tensor], float]:
+        """Forward/backward this rank's micro-batches of one mini-batch and step; returns the stats summed over
+        ranks and the global gradient norm (not finite: the step was skipped on every rank)."""
+        acc = None
+        want_entropy_grad = self.loss_cfg.entropy_coef > 0
+        for i, mb in enumerate(micro):
+            mb = mb.to(self.device)
+            with self.backend.accumulate(last=i == len(micro) - 1):
+                logp_BT, ent_BT = self.backend.forward(mb, with_entropy=True, entropy_grad=want_entropy_grad)
+                loss, stats = loss_mod.ppo_loss(
+                    logp_BT, mb.old_logp_BT, mb.adv_B, mb.mask_BT, self.loss_cfg, entropy_BT=ent_BT,
+                    num_tokens=max(num_tokens, 1), prox_logp_BT=mb.prox_logp_BT)
+                # A non-finite loss on any one rank must skip the step on all of them. Scaled by NaN, its
+                # gradients turn non-finite; the global gradient norm, on which every backend's step() decides,
+                # is reduced over ranks, so each rank then sees it. (A finite loss is scaled by world_size.)
+                scale = torch.where(torch.isfinite(loss), float(self.world_size), float("nan"))
+                self.backend.backward(loss * scale)
+            acc = loss_mod.add_stats(acc, stats)
+        grad_norm = self.backend.step()
+        return self._reduce(acc), grad_norm
+
+    def _log_skipped(self, k: int, num_mini: int, acc: dict[str, torch.Tensor], grad_norm: float,
+                     groups: list[P.Group]) -> None:
+        if self.rank != 0:
+            return
+        loss_sum = float(acc["loss_sum"])
+        if self.loss_cfg.entropy_coef:
+            loss_sum -= self.loss_cfg.entropy_coef * float(acc["entropy_sum"])
+        log.warning("skipped optimizer step %d/%d of the batch at version %d: %s (gradient norm %s); nothing "
+                    "was applied to the weights. Prompt ids of its %d group(s): %s", k + 1, num_mini,
+                    self.version, "the loss is not finite" if not math.isfinite(loss_sum) else "finite loss",
+                    grad_norm, len(groups), [g.prompt_id for g in groups])
 
     def _reduce(self, acc: dict) -> dict:
         """Sum the stats over ranks (max for ratio_max): one collective per mini-batch."""

@@ -6,16 +6,22 @@ positions that *predict* a completion token (see batching.py), and `mask_BT` mar
 
 The exact per-token loss (verl `compute_policy_loss` "vanilla" with dual clip, AReaL `ppo_actor_loss_fn`):
 
-    rho   = exp(logp - anchor)           anchor = behaviour logp, or the proximal logp when decoupled
+    rho   = exp(clamp(logp - anchor, -20, 20))   anchor = behaviour logp, or the proximal logp when decoupled
     pg1   = -A * rho
     pg2   = -A * clip(rho, 1 - clip_low, 1 + clip_high)
     L     = max(pg1, pg2)                                       (the PPO pessimistic bound)
     L     = min(L, c * |A|)   only where A < 0 and c > 0        (dual clip: caps the loss of a token whose
                                                                  ratio ran far above 1 under a negative
                                                                  advantage; for A >= 0 it never binds)
-    L     = w * L             w = exp(prox - behaviour), truncated to min(w, tis_cap) when tis_cap > 0
-                              (decoupled only; w is a constant, no gradient flows through it)
+    L     = w * L             w = exp(clamp(prox - behaviour, -20, 20)), truncated to min(w, tis_cap) when
+                              tis_cap > 0 (decoupled only; w is a constant, no gradient flows through it)
     loss  = sum(L * mask) / num_tokens  -  entropy_coef * sum(H * mask) / num_tokens
+
+The clamp of the exponents (verl's, LOG_RATIO_CLAMP) binds only where a policy moved absurdly far from the one
+that sampled (|log ratio| > 20: rho > 4.9e8): without it exp overflows float32 to inf, and inf times a zero
+advantage, or a zero gradient, is NaN. Where it binds no gradient flows through rho: above e^20 the clip (A > 0)
+or the dual clip (A < 0) takes it away already, below e^-20 it was under 1e-8. In normal steps the clamp changes
+nothing, bit for bit.
 
 `num_tokens` is the number of valid tokens of the whole (global) mini-batch, so splitting a mini-batch into
 micro-batches or over ranks and summing the pieces gives exactly the loss of one big batch.
@@ -35,6 +41,8 @@ import torch
 if TYPE_CHECKING:
     from pipeline.config import LearnerConfig
 
+LOG_RATIO_CLAMP = 20.0  # bound on |log ratio| before exp, as verl (not a config field yet: see LossConfig)
+
 # keys of the per-call stats; sums so that micro-batches and ranks can be added up before dividing
 STAT_SUMS = ("num_tokens", "clip_sum", "dual_clip_sum", "ratio_sum", "kl_sum", "entropy_sum", "weight_sum",
              "loss_sum")
@@ -49,6 +57,7 @@ class LossConfig:
     dual_clip: float = 0.0  # the bound c (> 1) on the loss of negative-advantage tokens, 0 = off
     tis_cap: float = 0.0  # truncation of the decoupled behaviour weight, 0 = off
     entropy_coef: float = 0.0  # entropy bonus (maximised) when the entropy is given
+    log_ratio_clamp: float = LOG_RATIO_CLAMP  # |exponent| bound of rho and of the decoupled weight
 
     @classmethod
     def from_learner(cls, lc: LearnerConfig) -> LossConfig:
@@ -104,7 +113,7 @@ def ppo_loss(
     anchor = old if prox_logp_BT is None else prox_logp_BT.to(logp_BT.dtype).detach()
     # masked positions may hold anything (padding); zero the exponent there so no inf/nan leaks into grads
     log_ratio = torch.where(valid, logp_BT - anchor, torch.zeros_like(logp_BT))
-    ratio = torch.exp(log_ratio)
+    ratio = torch.exp(log_ratio.clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp))
     pg1 = -adv_BT * ratio
     pg2 = -adv_BT * torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     per_token = torch.maximum(pg1, pg2)
@@ -116,7 +125,8 @@ def ppo_loss(
         per_token = torch.where(adv_BT < 0, torch.minimum(per_token, bound), per_token)
 
     if prox_logp_BT is not None:
-        weight = torch.exp(torch.where(valid, anchor - old, torch.zeros_like(anchor)))
+        log_weight = torch.where(valid, anchor - old, torch.zeros_like(anchor))
+        weight = torch.exp(log_weight.clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp))
         if cfg.tis_cap > 0:
             weight = torch.clamp(weight, max=cfg.tis_cap)
         per_token = per_token * weight.detach()
@@ -129,6 +139,7 @@ def ppo_loss(
 
     with torch.no_grad():
         log_ratio_b = torch.where(valid, logp_BT - old, torch.zeros_like(logp_BT))  # vs behaviour
+        log_ratio_b = log_ratio_b.clamp(-cfg.log_ratio_clamp, cfg.log_ratio_clamp)
         kl_k3 = torch.exp(log_ratio_b) - 1.0 - log_ratio_b  # KL(behaviour || pi_theta), samples ~ behaviour
         stats = {
             "num_tokens": count.detach(),

@@ -12,7 +12,9 @@ A new backend is a class that satisfies `LearnerBackend` in a module beside thes
 Invariants every backend keeps:
 - gradients are *averaged* over ranks (DDP and ZeRO do), while the loss is a token-mean over the global
   mini-batch: the learner multiplies each rank's loss by `world_size` (see learner.py);
-- `step()` is collective and returns the global gradient norm, the same on every rank;
+- `step()` is collective and answers the same on every rank: it returns the global gradient norm, and when
+  that norm is not finite it applies nothing (no weight, optimizer or lr-schedule update) and discards the
+  gradients, so the next mini-batch starts from zero gradients on every rank;
 - `full_state_dict` returns Hugging Face parameter names (what vLLM's weight loader expects), tied duplicates
   dropped, on rank 0 only; it may be collective (ZeRO-3 gathers), so every rank calls it.
 
@@ -63,7 +65,7 @@ class LearnerBackend(Protocol):
 
     def step(self) -> float:
         """Clip and apply the accumulated gradients, advance the lr schedule, zero the gradients; returns the
-        global gradient norm before clipping."""
+        global gradient norm before clipping. A non-finite norm applies nothing (see the module docstring)."""
         ...
 
     @property

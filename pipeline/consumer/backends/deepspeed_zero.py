@@ -4,11 +4,17 @@ deepspeed is an optional dependency: this is the only module that imports it, an
 module only when learner.backend is "deepspeed". Torch's AdamW avoids compiling DeepSpeed's fused/CPU Adam ops
 (no compiler needed on CPU machines); ZeRO shards its state all the same (`zero_allow_untested_optimizer`).
 Micro-batches are driven by `set_gradient_accumulation_boundary`, so their number may change from step to step.
+
+Skipping a non-finite step: under ZeRO-1/2/3 the reduced gradients live in DeepSpeed's partitioned buffers, and
+only DeepSpeed's own overflow path (taken when the global norm is not finite, in fp32, fp16 and bf16 with
+`check_grad_overflow`) drops them without touching the weights, the optimizer or the lr schedule; ZeRO-0 hands
+the all-reduced gradients to AdamW as they are, so there the norm is taken and checked here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -61,7 +67,7 @@ class DeepSpeedBackend:
             "gradient_accumulation_steps": 1,
             "gradient_clipping": lc.grad_clip,
             "zero_optimization": {"stage": lc.zero_stage, "overlap_comm": cuda, "contiguous_gradients": True},
-            "bf16": {"enabled": bf16},
+            "bf16": {"enabled": bf16, "check_grad_overflow": True},  # skip non-finite steps (module docstring)
             "fp16": {"enabled": fp16},
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 1 << 30,
@@ -74,6 +80,8 @@ class DeepSpeedBackend:
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(lc.warmup_steps)))
         self.module = self.engine.module
         self.zero_stage = lc.zero_stage
+        self._plain_grads = lc.zero_stage == 0 and not (bf16 or fp16)  # AdamW steps on p.grad as it is
+        self._params = params
 
     @contextlib.contextmanager
     def accumulate(self, last: bool) -> Iterator[None]:
@@ -88,9 +96,20 @@ class DeepSpeedBackend:
         self.engine.backward(loss, scale_wrt_gas=False)
 
     def step(self) -> float:
-        self.engine.step()  # the boundary was set by accumulate(last=True): this is the optimizer step
+        # the boundary was set by accumulate(last=True): this is the optimizer step
+        if self._plain_grads:
+            norm = float(torch.nn.utils.get_total_norm([p.grad for p in self._params if p.grad is not None]))
+            if not math.isfinite(norm):
+                self.engine.zero_grad()
+                return norm
+            self.engine.step()
+            return norm
+        self.engine.step()
+        if not self.engine.was_step_applied():
+            return float("inf")  # DeepSpeed's overflow path: gradients dropped, nothing applied
         norm = self.engine.get_global_grad_norm()
-        return float(norm) if norm is not None else float("nan")
+        assert norm is not None and math.isfinite(norm), f"DeepSpeed applied a step with gradient norm {norm}"
+        return float(norm)
 
     @property
     def lr(self) -> float:

@@ -1,12 +1,14 @@
 """The torch backend: AdamW on float32 weights in one process, or DDP (gloo on CPU, nccl on GPU) under torchrun.
 
 Every rank holds a full replica of the weights and the optimizer state, so `full_state_dict` needs no gather
-and rank 0 alone writes checkpoints. DDP all-reduces the gradients in the last micro-batch's backward.
+and rank 0 alone writes checkpoints. DDP all-reduces the gradients in the last micro-batch's backward; the
+gradient norm is then the same on every rank, and so is the decision to skip a non-finite step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,11 +73,12 @@ class TorchBackend:
 
     def step(self) -> float:
         max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self._params, max_norm)
-        self.optimizer.step()
-        self.scheduler.step()
+        norm = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm))
+        if math.isfinite(norm):  # else the clip has turned every gradient into NaN: drop them, change nothing
+            self.optimizer.step()
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return norm
 
     @property
     def lr(self) -> float:
