@@ -129,6 +129,17 @@ class Evals:
         self.counts["rounds_reissued"] += len(lost)
         return lost
 
+    def reject(self, round_id: int) -> bool:
+        """Give up on the result of eval round `round_id` (the caller found it unusable): its problem is queued
+        again, to be handed out under a new id. False if the round is not in flight."""
+        version = self._version_of.pop(round_id, None)
+        if version is None:
+            return False
+        run = self.runs[version]
+        run.queue.append(run.issued.pop(round_id).problem)
+        self.counts["rounds_reissued"] += 1
+        return True
+
     def pop_rows(self) -> list[dict[str, Any]]:
         """Rows of the finished evaluations that no unfinished one started before, in version order."""
         rows = []

@@ -224,6 +224,11 @@ class Scheduler:
         self._tick(now)
         self._last_seen[producer_id] = max(now, self._last_seen.get(producer_id, -math.inf))
 
+    def forget(self, producer_id: str) -> None:
+        """Forget when `producer_id` was last heard of: the buffer bounds how many producers it keeps track of
+        and lets idle ones go. Rounds it still held would then count as silent and expire."""
+        self._last_seen.pop(producer_id, None)
+
     def is_silent(self, producer_id: str, now: float) -> bool:
         """Whether `producer_id` has not been heard of for more than buffer.heartbeat_timeout_s."""
         return now - self._last_seen.get(producer_id, -math.inf) > self.buffer.heartbeat_timeout_s
