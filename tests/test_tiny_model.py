@@ -43,9 +43,19 @@ def test_tokenizer_round_trip(tokenizer, text):
     assert tokenizer.decode(tokenizer.encode(text), skip_special_tokens=True) == text
 
 
-def test_saved_directory_has_what_vllm_and_transformers_need(tiny_model_dir):
+@pytest.fixture(scope="module")
+def short_build(tmp_path_factory) -> Path:
+    """A tiny model built with a few steps only: the files and shapes of a full build, in a second."""
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    tm.build_tiny_model(out, seed=0, max_steps=3, target_pass_rate=None, pass_window=None, num_eval=8,
+                        log=lambda *_: None)
+    return out
+
+
+def test_saved_directory_has_what_vllm_and_transformers_need(short_build):
     from transformers import AutoConfig, AutoTokenizer
 
+    tiny_model_dir = short_build
     names = {p.name for p in tiny_model_dir.iterdir()}
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
             "tokenizer_config.json", "special_tokens_map.json", tm.STATS_FILE} <= names
@@ -106,12 +116,14 @@ def _pass_rate_with_generate(model_dir: Path, num: int, seed: int) -> float:
     return correct / num
 
 
+@pytest.mark.slow
 def test_pass_rate_at_temperature_one_leaves_room_for_rl(tiny_model_dir):
     stats = tm.read_stats(tiny_model_dir)
     assert 0.2 <= stats["pass_rate"] <= 0.6, stats
     assert 0.2 <= _pass_rate_with_generate(tiny_model_dir, num=200, seed=12345) <= 0.6
 
 
+@pytest.mark.slow
 def test_ensure_reuses_a_current_build(tiny_model_dir, capsys):
     before = (tiny_model_dir / "model.safetensors").stat().st_mtime_ns
     assert tm.ensure_tiny_model(tiny_model_dir, seed=0) == tiny_model_dir
