@@ -24,7 +24,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # torchrun runs this file by path
 
-from pipeline import protocol  # noqa: E402
+from pipeline import protocol as P  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 from pipeline.consumer import ranks  # noqa: E402
 from pipeline.consumer.backends import LearnerBackend  # noqa: E402
@@ -46,7 +46,7 @@ def make_tiny_model(path: Path, seed: int = 0) -> Path:
 
 
 def make_groups(model_dir: Path | None, num_groups: int = 4, n: int = 4, seed: int = 0, noise: float = 0.3,
-                temperature: float = 1.0) -> list[protocol.Group]:
+                temperature: float = 1.0) -> list[P.Group]:
     """Groups with random prompts/completions; behaviour log-probs = the model's own plus Gaussian noise
     (so some ratios clip and some do not); advantages +0.5 for even samples, -0.5 for odd ones."""
     rng = np.random.default_rng(seed)
@@ -66,15 +66,15 @@ def make_groups(model_dir: Path | None, num_groups: int = 4, n: int = 4, seed: i
                 lp = -np.log(VOCAB) * np.ones(comp.size)
             lp = (lp + noise * rng.standard_normal(comp.size)).astype(np.float32)
             lp = np.minimum(lp, -1e-3).astype(np.float32)
-            samples.append(protocol.Sample(comp, lp, float(i % 2 == 0), 0, "stop"))
+            samples.append(P.Sample(comp, lp, float(i % 2 == 0), 0, "stop"))
             adv.append(0.5 if i % 2 == 0 else -0.5)
-        groups.append(protocol.Group(g, prompt, samples, adv, n, 1, True))
+        groups.append(P.Group(g, prompt, samples, adv, n, 1, True))
     return groups
 
 
-def save_groups(groups: list[protocol.Group], path: Path) -> None:
+def save_groups(groups: list[P.Group], path: Path) -> None:
     """The groups as one protocol Batch, frames length-prefixed (the wire encoding, no pickle)."""
-    frames = protocol.Encoder().encode(protocol.Batch(0, groups, {}))
+    frames = P.Encoder().encode(P.Batch(0, groups, {}))
     with open(path, "wb") as f:
         for fr in frames:
             b = bytes(fr)
@@ -82,17 +82,17 @@ def save_groups(groups: list[protocol.Group], path: Path) -> None:
             f.write(b)
 
 
-def load_groups(path: Path) -> list[protocol.Group]:
+def load_groups(path: Path) -> list[P.Group]:
     data = Path(path).read_bytes()
     frames, i = [], 0
     while i < len(data):
         (n,) = struct.unpack_from("<Q", data, i)
         frames.append(data[i + 8: i + 8 + n])
         i += 8 + n
-    return protocol.Decoder(protocol.Batch).decode(frames).groups
+    return P.Decoder(P.Batch).decode(frames).groups
 
 
-def poison(groups: list[protocol.Group], where: list[tuple[int, int]]) -> list[protocol.Group]:
+def poison(groups: list[P.Group], where: list[tuple[int, int]]) -> list[P.Group]:
     """A copy of `groups` with the first behaviour log-prob of sample s of group g set to NaN, for (g, s) in
     `where` (written after construction: the buffer refuses such samples at its edge, but the learner must
     survive one all the same)."""
@@ -183,13 +183,13 @@ def nan_check(model_dir: Path, groups, out_dir: Path, name: str) -> None:
 
 def ranks_check(groups, out_dir: Path) -> None:
     rank, world, _ = setup_dist("gloo")
-    batch = protocol.Batch(3, groups, {"buffer/samples_received": 5.0})
+    batch = P.Batch(3, groups, {"buffer/samples_received": 5.0})
     sent = [ranks.BatchFrames.of(batch), ranks.RankError("no batch arrived: check the buffer"), ranks.Stop("done")]
     got = [ranks.broadcast(msg if rank == 0 else None, rank, world, torch.device("cpu")) for msg in sent]
     if rank == 1:
         (out_dir / "ranks.json").write_text(json.dumps({
             "kinds": [type(m).__name__ for m in got],
-            "same_batch": [bytes(f) for f in protocol.Encoder().encode(got[0].batch())] == got[0].frames
+            "same_batch": [bytes(f) for f in P.Encoder().encode(got[0].batch())] == got[0].frames
             == sent[0].frames,
             "error": got[1].text, "stop": got[2].reason}))
 

@@ -9,20 +9,26 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from learner_worker import load_groups, make_cfg, make_groups, make_tiny_model, poison, save_groups
+import zmq
+from learner_worker import load_groups, make_cfg, make_groups, make_tiny_model, poison, run_setups, save_groups
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from pipeline import protocol
+from pipeline import protocol as P
 from pipeline.consumer import batching
+from pipeline.consumer import model as model_mod
 from pipeline.consumer.backends import LearnerBackend, make_backend
 from pipeline.consumer.learner import Learner
+from pipeline.consumer.main import main
 from pipeline.consumer.model import load_model, token_logprobs
 from pipeline.consumer.weights import iter_weights, publish_weights, published_versions
+from pipeline.transport import free_port, free_port_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,10 +47,10 @@ def groups(tiny):
 
 
 def test_collate_aligns_behaviour_logprobs_to_predicting_positions():
-    g = protocol.Group(7, np.array([5, 6, 7], np.int32),
-                       [protocol.Sample(np.array([9, 10], np.int32), np.array([-0.1, -0.2], np.float32), 1.0, 3,
+    g = P.Group(7, np.array([5, 6, 7], np.int32),
+                       [P.Sample(np.array([9, 10], np.int32), np.array([-0.1, -0.2], np.float32), 1.0, 3,
                                         "stop"),
-                        protocol.Sample(np.array([11], np.int32), np.array([-0.3], np.float32), 0.0, 2, "length")],
+                        P.Sample(np.array([11], np.int32), np.array([-0.3], np.float32), 0.0, 2, "length")],
                        [0.5, -0.5], 8, 2, True)
     mb = batching.collate(batching.flatten([g]))
     assert mb.input_ids_BT.tolist() == [[5, 6, 7, 9, 10], [5, 6, 7, 11, 0]]
@@ -77,7 +83,7 @@ def test_plan_covers_every_sequence_once_with_equal_micro_counts(groups):
 def test_split_minibatches_and_empty_prompt_error(groups):
     runs = batching.split_minibatches(groups, 3)
     assert [len(r) for r in runs] == [1, 2, 1] and sum(runs, []) == groups
-    bad = protocol.Group(0, np.zeros(0, np.int32), groups[0].samples, groups[0].advantages, 4, 1, True)
+    bad = P.Group(0, np.zeros(0, np.int32), groups[0].samples, groups[0].advantages, 4, 1, True)
     with pytest.raises(ValueError, match="empty prompt"):
         batching.flatten([bad])
 
@@ -103,8 +109,6 @@ def test_token_logprobs_match_full_log_softmax(tiny):
 
 
 def test_chunked_head_matches_one_pass(tiny, monkeypatch):
-    from pipeline.consumer import model as model_mod
-
     model = load_model(tiny)
     ids = torch.randint(0, 64, (2, 10), generator=torch.Generator().manual_seed(1))
     mask = torch.zeros(2, 10, dtype=torch.bool)
@@ -121,8 +125,6 @@ def test_chunked_head_matches_one_pass(tiny, monkeypatch):
 
 
 def test_tied_embeddings_publish_once(tmp_path, groups):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     cfg = LlamaConfig(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=2, head_dim=32, intermediate_size=128, tie_word_embeddings=True)
     LlamaForCausalLM(cfg).save_pretrained(tmp_path / "tied")
@@ -284,7 +286,7 @@ def test_rank_messages_reach_every_rank(groups, tmp_path):
 def _torchrun(tiny, gfile, out_dir, *setups):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    return subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(_free_port()),
+    return subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()),
                            str(ROOT / "tests" / "learner_worker.py"), str(tiny), str(gfile), str(out_dir), "2",
                            *setups], env=env, capture_output=True, text=True, timeout=300)
 
@@ -295,8 +297,6 @@ def test_backends_agree_torch_ddp_zero2_zero3(tiny, groups, tmp_path):
     and a ZeRO-3 learner resumed from its checkpoint repeats the next loss."""
     gfile = tmp_path / "groups.bin"
     save_groups(groups, gfile)
-    from learner_worker import run_setups
-
     run_setups(tiny, gfile, tmp_path, 2, ["torch"])
     proc = _torchrun(tiny, gfile, tmp_path, "ddp", "zero2", "zero3", "zero3_resume")
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -316,23 +316,18 @@ def test_backends_agree_torch_ddp_zero2_zero3(tiny, groups, tmp_path):
     assert resumed["extra"] == "blob" and resumed["version"] == 2
 
 
-def _free_port() -> int:
-    from pipeline.transport import free_port
-
-    return free_port()
 
 
 # ---------------------------------------------------------------- the main loop against a scripted buffer
 
 
 class ScriptedBuffer:
-    """A test double of the buffer: answers BatchRequests with `batches` (then empty ones), records the rest."""
+    """A test double of the buffer: answers BatchRequests with `batches` (then empty ones), records the rest.
 
-    def __init__(self, batches):
-        import zmq
+    With `progress_s`, it first answers for that long with empty Batches (each held 0.2 s, as the real buffer
+    holds a request) whose `buffer/samples_received` rises: producers generating, no batch ready yet."""
 
-        from pipeline.transport import free_port_pair
-
+    def __init__(self, batches, progress_s: float = 0.0):
         self.port = free_port_pair()
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -340,22 +335,30 @@ class ScriptedBuffer:
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.bind(f"tcp://127.0.0.1:{self.port + 1}")
         self.batches = list(batches)
+        self.progress_s = progress_s
+        self.first_request: float | None = None
         self.received: list = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
     def _serve(self):
-        enc, dec = protocol.Encoder(), protocol.Decoder(protocol.ToBuffer)
+        enc, dec = P.Encoder(), P.Decoder(P.ToBuffer)
         while not self.stop.is_set():
             if not self.router.poll(50):
                 continue
             ident, *frames = self.router.recv_multipart()
             msg = dec.decode(frames)
             self.received.append(msg)
-            if isinstance(msg, protocol.BatchRequest):
+            if isinstance(msg, P.BatchRequest):
+                self.first_request = self.first_request or time.monotonic()
+                if time.monotonic() - self.first_request < self.progress_s:
+                    time.sleep(min(0.2, msg.timeout_ms / 1000))
+                    metrics = {"buffer/samples_received": 10.0 * len(self.received)}
+                    self.router.send_multipart([ident, *enc.encode(P.Batch(msg.learner_version, [], metrics))])
+                    continue
                 groups = self.batches.pop(0) if self.batches else []
-                reply = protocol.Batch(msg.learner_version, groups, {"eval/acc": 0.25} if groups else {})
+                reply = P.Batch(msg.learner_version, groups, {"eval/acc": 0.25} if groups else {})
                 self.router.send_multipart([ident, *enc.encode(reply)])
 
     def close(self):
@@ -373,8 +376,6 @@ def _main_args(tiny, tmp_path, port, *extra):
 
 
 def test_main_trains_publishes_announces_and_shuts_down(tiny, groups, tmp_path, capsys):
-    from pipeline.consumer.main import main
-
     buf = ScriptedBuffer([groups, groups[:3]])
     try:
         rc = main(_main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "2", "--learner.checkpoint_every",
@@ -382,13 +383,13 @@ def test_main_trains_publishes_announces_and_shuts_down(tiny, groups, tmp_path, 
     finally:
         buf.close()
     assert rc == 0
-    updates = [m for m in buf.received if isinstance(m, protocol.VersionUpdate)]
+    updates = [m for m in buf.received if isinstance(m, P.VersionUpdate)]
     assert [u.version for u in updates] == [0, 1, 2] and updates[0].weights is None
     assert updates[2].weights.uri == str(tmp_path / "w" / "v000002.safetensors")
     assert Path(updates[2].weights.uri).stat().st_size == updates[2].weights.num_bytes
-    requests = [m for m in buf.received if isinstance(m, protocol.BatchRequest)]
+    requests = [m for m in buf.received if isinstance(m, P.BatchRequest)]
     assert [r.learner_version for r in requests] == [0, 1] and requests[0].num_groups == 4
-    assert isinstance(buf.received[-1], protocol.Shutdown)
+    assert isinstance(buf.received[-1], P.Shutdown)
     lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2] and lines[0]["eval/acc"] == 0.25
     assert lines[1]["num_groups"] == 3
@@ -402,15 +403,13 @@ def test_main_trains_publishes_announces_and_shuts_down(tiny, groups, tmp_path, 
     finally:
         buf.close()
     assert rc == 0
-    updates = [m for m in buf.received if isinstance(m, protocol.VersionUpdate)]
+    updates = [m for m in buf.received if isinstance(m, P.VersionUpdate)]
     assert [u.version for u in updates] == [2, 3] and updates[0].weights.version == 2
-    assert [m.learner_version for m in buf.received if isinstance(m, protocol.BatchRequest)] == [2]
+    assert [m.learner_version for m in buf.received if isinstance(m, P.BatchRequest)] == [2]
     assert "resumed at version 2" in capsys.readouterr().out
 
 
 def test_main_gives_up_after_batch_timeout(tiny, tmp_path, capsys):
-    from pipeline.consumer.main import main
-
     buf = ScriptedBuffer([])
     try:
         rc = main(_main_args(tiny, tmp_path, buf.port, "--learner.batch_timeout_s", "1.5"))
@@ -420,8 +419,19 @@ def test_main_gives_up_after_batch_timeout(tiny, tmp_path, capsys):
     assert "no batch arrived for 2 s (learner.batch_timeout_s)" in capsys.readouterr().err
 
 
-def test_main_reports_config_errors(capsys):
-    from pipeline.consumer.main import main
+def test_main_keeps_waiting_while_producers_make_progress(tiny, groups, tmp_path, capsys):
+    """learner.batch_timeout_s counts only time without progress: samples keep arriving for twice the timeout
+    before the batch is ready, and the learner waits for it and trains."""
+    buf = ScriptedBuffer([groups], progress_s=3.0)
+    try:
+        rc = main(_main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "1", "--learner.batch_timeout_s", "1.5"))
+    finally:
+        buf.close()
+    assert rc == 0, capsys.readouterr().err
+    requests = [m for m in buf.received if isinstance(m, P.BatchRequest)]
+    assert len(requests) > 5 and "step 1 | reward 0.50 | kept 4/4" in capsys.readouterr().out
 
+
+def test_main_reports_config_errors(capsys):
     assert main(["--learner.lrr", "1"]) == 2
     assert "did you mean `learner.lr`" in capsys.readouterr().err

@@ -13,6 +13,8 @@ import argparse
 import logging
 import sys
 
+from pipeline.config import ConfigError, load_config
+
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="reinforce-ada learner", allow_abbrev=False,
@@ -30,8 +32,6 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `reinforce-ada learner`."""
-    from pipeline.config import ConfigError, load_config
-
     args, overrides = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    # the loop needs torch and transformers: imported only now that the arguments and the config are good
     from pipeline.consumer.fetch import LearnerError
     from pipeline.consumer.loop import run
     from pipeline.transport import SecurityError
