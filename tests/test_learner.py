@@ -25,6 +25,7 @@ from pipeline.consumer import batching
 from pipeline.consumer import model as model_mod
 from pipeline.consumer.backends import LearnerBackend, make_backend
 from pipeline.consumer.learner import Learner
+from pipeline.consumer.loop import _step_line
 from pipeline.consumer.main import main
 from pipeline.consumer.model import load_model, token_logprobs
 from pipeline.consumer.weights import iter_weights, publish_weights, published_versions
@@ -246,6 +247,15 @@ def test_nonfinite_batch_is_skipped_and_nothing_is_applied(tiny, groups, tmp_pat
     expected = Learner(make_cfg(tiny, tmp_path / "b")).train_step(groups)
     assert got["skipped_steps"] == 0 and got["optimizer_steps"] == expected["optimizer_steps"] == 2
     assert (got["loss"], got["grad_norm"], got["lr"]) == (expected["loss"], expected["grad_norm"], expected["lr"])
+
+
+def test_step_line_says_when_steps_were_skipped():
+    m = {"step": 4, "reward_mean": 0.5, "staleness_max": 1, "step_seconds": 2.0, "loss": float("nan"),
+         "kl_behaviour": 0.01, "wait_seconds": 0.5, "skipped_steps": 0}
+    assert _step_line(m, 4, 4) == ("step 4 | reward 0.50 | kept 4/4 | stale 1 | 2.0 s | loss nan | kl 1.00e-02 | "
+                                   "wait 0.5 s")
+    m["skipped_steps"] = 2
+    assert _step_line(m, 4, 4).endswith("| wait 0.5 s | skipped 2 optimizer step(s)")
 
 
 def test_one_nonfinite_minibatch_skips_only_its_step(tiny, groups, tmp_path):

@@ -27,9 +27,12 @@ log = logging.getLogger(__name__)
 
 
 def _step_line(m: dict[str, Any], num_groups: int, requested: int) -> str:
-    return (f"step {m['step']} | reward {m.get('reward_mean', 0.0):.2f} | kept {num_groups}/{requested} | "
+    line = (f"step {m['step']} | reward {m.get('reward_mean', 0.0):.2f} | kept {num_groups}/{requested} | "
             f"stale {int(m.get('staleness_max', 0))} | {m['step_seconds']:.1f} s | loss {m['loss']:.4f} | "
             f"kl {m['kl_behaviour']:.2e} | wait {m['wait_seconds']:.1f} s")
+    if m.get("skipped_steps"):  # non-finite loss or gradients: see the learner's warning for the prompt ids
+        line += f" | skipped {m['skipped_steps']} optimizer step(s)"
+    return line
 
 
 def next_batch(client: BufferClient | None, learner: Learner, learner_id: str) -> P.Batch | None:
@@ -40,8 +43,9 @@ def next_batch(client: BufferClient | None, learner: Learner, learner_id: str) -
         assert client is not None
         try:
             batch = fetch_batch(client, learner_id, learner.version, lc.batch_prompts, lc.batch_timeout_s)
-        except LearnerError as exc:
-            ranks.broadcast(ranks.RankError(str(exc)), 0, learner.world_size, learner.device)
+        except Exception as exc:  # the other ranks wait in the broadcast: tell them, or they hang
+            text = str(exc) if isinstance(exc, LearnerError) else f"rank 0 failed: {type(exc).__name__}: {exc}"
+            ranks.broadcast(ranks.RankError(text), 0, learner.world_size, learner.device)
             raise
         msg = ranks.Stop("shutdown from the buffer") if batch is None else ranks.BatchFrames.of(batch)
         ranks.broadcast(msg, 0, learner.world_size, learner.device)
