@@ -38,6 +38,9 @@ TOK = np.array([7, 8], np.int32)
 
 
 def make(batch=2, **kw):
+    """A Scheduler; the hand-computed cases below check pools of whole rounds, so exit_check is "round" unless
+    a test says otherwise (tests/test_streaming_exit.py covers "prefix" and "sample")."""
+    kw.setdefault("exit_check", "round")
     s = {k: kw.pop(k) for k in list(kw) if k in SamplingConfig.__struct_fields__}
     b = BufferConfig(**kw)
     return Scheduler(SamplingConfig(**s), b, batch, PROMPTS, seed=0)

@@ -5,9 +5,13 @@ each prompt's exit rule, round 2 for the rest, ... up to N rounds; prompts that 
 (zero-advantage if their pool is constant); each pool is downsampled keeping the earliest samples of each class;
 advantages use the whole pool's mean (GRPO, "fixed": one round of n and the group's own statistics).
 
-With downsample="first", unresolved="keep" and max_staleness=0 the Scheduler must give the same groups on the
-same per-prompt reward streams (prompt i's k-th sample always gets reward stream[i][k]), whatever the order in
-which results arrive.
+With downsample="first", unresolved="keep", max_staleness=0, allocation="fixed" and exit_check="round" the
+Scheduler must give the same groups on the same per-prompt reward streams (prompt i's k-th sample always gets
+reward stream[i][k]), whatever the order in which results arrive.
+
+With exit_check="prefix" it must give the groups of the same reference with the exit rule checked after every
+sample in issue order (the pool stops at the first sample where the rule holds), whatever the order in which
+single samples arrive: a prefix pool depends on rewards only, never on which sample finished first.
 """
 
 import random
@@ -26,8 +30,9 @@ THRESHOLD = 0.5
 REWARDS = [0.0, 1.0, 0.0, 1.0, 0.3, 0.8]
 
 
-def reference_batch(streams, rule, n, m, max_rounds, normalize_std):
-    """Reinforce-Ada as the reference runs it, one batch of prompts in lockstep rounds.
+def reference_batch(streams, rule, n, m, max_rounds, normalize_std, per_sample=False):
+    """Reinforce-Ada as the reference runs it, one batch of prompts in lockstep rounds (with `per_sample`, a
+    round's samples join the pool one by one and the pool stops where the exit rule first holds).
 
     Returns, per prompt: (kept rewards in pool order, advantages, pool size, rounds, resolved).
     """
@@ -39,16 +44,20 @@ def reference_batch(streams, rule, n, m, max_rounds, normalize_std):
         for i, stream in enumerate(streams):
             if resolved[i]:
                 continue
-            pools[i] += stream[len(pools[i]) : len(pools[i]) + size]
+            start = len(pools[i])
             rounds[i] += 1
-            num_pos = sum(r > THRESHOLD for r in pools[i])
-            num_neg = len(pools[i]) - num_pos
-            if rule == "balance":
-                resolved[i] = num_pos >= n // 2 and num_neg >= n - n // 2
-            elif rule == "pos":
-                resolved[i] = num_pos >= 1
-            else:
-                resolved[i] = len(pools[i]) >= n
+            for k in range(start + 1 if per_sample and rule != "fixed" else start + size, start + size + 1):
+                pools[i] = stream[:k]
+                num_pos = sum(r > THRESHOLD for r in pools[i])
+                num_neg = len(pools[i]) - num_pos
+                if rule == "balance":
+                    resolved[i] = num_pos >= n // 2 and num_neg >= n - n // 2 and k >= n
+                elif rule == "pos":
+                    resolved[i] = num_pos >= 1 and k >= n
+                else:
+                    resolved[i] = len(pools[i]) >= n
+                if resolved[i]:
+                    break
     out = []
     for i, pool in enumerate(pools):
         pos = [j for j, r in enumerate(pool) if r > THRESHOLD]
@@ -63,10 +72,12 @@ def reference_batch(streams, rule, n, m, max_rounds, normalize_std):
     return out
 
 
-def scheduler_batches(streams, rule, n, m, max_rounds, normalize_std, batch, num_batches, order_seed):
-    """The same streams through the Scheduler, two producers, results submitted in a shuffled order."""
+def scheduler_batches(streams, rule, n, m, max_rounds, normalize_std, batch, num_batches, order_seed,
+                      exit_check="round"):
+    """The same streams through the Scheduler, two producers, results submitted in a shuffled order (whole rounds;
+    with exit_check="prefix", single samples of all rounds in flight, shuffled together)."""
     sampling = SamplingConfig(round_size=m, max_rounds=max_rounds, group_size=n, exit_rule=rule,
-                              positive_threshold=THRESHOLD)
+                              positive_threshold=THRESHOLD, allocation="fixed", exit_check=exit_check)
     buffer = BufferConfig(max_staleness=0, unresolved="keep", downsample="first", normalize_std=normalize_std)
     prompts = [(f"q{i}", str(i)) for i in range(5)]
     sched = Scheduler(sampling, buffer, batch, prompts, seed=order_seed)
@@ -79,6 +90,7 @@ def scheduler_batches(streams, rule, n, m, max_rounds, normalize_std, batch, num
             work = sched.request_work("p0", rng.randint(1, 3), 0.0) + sched.request_work("p1", 1000, 0.0)
             assert work, "the scheduler stalled"
             rng.shuffle(work)
+            singles = []
             for a in work:
                 k = drawn[a.prompt_id]
                 drawn[a.prompt_id] += a.num_samples
@@ -86,7 +98,14 @@ def scheduler_batches(streams, rule, n, m, max_rounds, normalize_std, batch, num
                     Sample(np.array([a.prompt_id], np.int32), np.zeros(1, np.float32), r, version, "stop")
                     for r in streams[a.prompt_id][k : k + a.num_samples]
                 ]
-                assert sched.submit_result("p0", a.round_id, np.zeros(1, np.int32), samples, 0.0).accepted
+                if exit_check == "round":
+                    assert sched.submit_result("p0", a.round_id, np.zeros(1, np.int32), samples, 0.0).accepted
+                else:
+                    singles += [(a.round_id, i, x) for i, x in enumerate(samples)]
+            rng.shuffle(singles)
+            for round_id, i, x in singles:  # a round cut by the exit rule ignores the rest as late
+                status = sched.submit_samples("p0", round_id, [i], [x], np.zeros(1, np.int32), 0.0).status
+                assert status in ("accepted", "late")
         groups = sched.take_batch(version, batch)
         assert groups is not None and sched.groups_waiting == 0
         assert sorted(g.prompt_id for g in groups) == list(range(version * batch, (version + 1) * batch))
@@ -117,6 +136,21 @@ def test_scheduler_matches_round_synchronous_reference(case):
     got = scheduler_batches(streams, rule, n, m, max_rounds, normalize_std, batch, num_batches, order_seed)
     for b, groups in enumerate(got):
         want = reference_batch(streams[b * batch : (b + 1) * batch], rule, n, m, max_rounds, normalize_std)
+        for g, (rewards, advantages, pool_size, num_rounds, resolved) in zip(groups, want):
+            assert [s.reward for s in g.samples] == rewards
+            assert g.advantages == pytest.approx(advantages, abs=1e-9)
+            assert (g.pool_size, g.num_rounds, g.resolved) == (pool_size, num_rounds, resolved)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases())
+def test_prefix_exit_matches_the_per_sample_reference_whatever_the_arrival_order(case):
+    rule, n, m, max_rounds, normalize_std, batch, num_batches, streams, order_seed = case
+    got = scheduler_batches(streams, rule, n, m, max_rounds, normalize_std, batch, num_batches, order_seed,
+                            exit_check="prefix")
+    for b, groups in enumerate(got):
+        want = reference_batch(streams[b * batch : (b + 1) * batch], rule, n, m, max_rounds, normalize_std,
+                               per_sample=True)
         for g, (rewards, advantages, pool_size, num_rounds, resolved) in zip(groups, want):
             assert [s.reward for s in g.samples] == rewards
             assert g.advantages == pytest.approx(advantages, abs=1e-9)

@@ -6,7 +6,8 @@ never tests a rule's name.
 
 Invariants:
 - `reached` depends only on the pool's positive and negative counts and n (the Scheduler checks it after every
-  accepted round, and releases the prompt once it holds and the pool has >= n samples);
+  sample that joins a pool, or after a whole round with sampling.exit_check = "round", and releases the prompt
+  once it holds and the pool has >= n samples); `needed` is the fewest further samples of each class for it;
 - `advantages` returns one value per kept index, in the order given;
 - a rule with `whole_rounds` never keeps part of a round: a round that loses a sample to staleness loses all of
   them (GRPO's group must be exactly one complete round).
@@ -36,6 +37,15 @@ class ExitRule(ABC):
     def reached(self, num_pos: int, num_neg: int, n: int) -> bool:
         """Whether a pool with `num_pos` positives and `num_neg` negatives may stop sampling (group size n)."""
 
+    def needed(self, num_pos: int, num_neg: int, n: int) -> tuple[int, int]:
+        """The fewest further (positives, negatives) after which `reached` holds (allocation policies size rounds
+        from it; the pool must also hold n samples, which the caller adds). This default searches up to 4n of
+        each class, with plenty of the other; a rule that is never reached there needs (4n, 4n)."""
+        plenty = 4 * n
+        pos = next((k for k in range(plenty + 1) if self.reached(num_pos + k, num_neg + plenty, n)), plenty)
+        neg = next((k for k in range(plenty + 1) if self.reached(num_pos + plenty, num_neg + k, n)), plenty)
+        return pos, neg
+
     def advantages(self, pool_rewards: Sequence[float], kept: Sequence[int], normalize_std: bool) -> list[float]:
         """The kept samples' advantages: Reinforce-Ada's r_i - mean(whole pool), optionally / std(whole pool)."""
         return logic.pool_advantages(pool_rewards, kept, normalize_std)
@@ -49,6 +59,9 @@ class Balance(ExitRule):
     def reached(self, num_pos: int, num_neg: int, n: int) -> bool:
         return num_pos >= n // 2 and num_neg >= n - n // 2
 
+    def needed(self, num_pos: int, num_neg: int, n: int) -> tuple[int, int]:
+        return max(0, n // 2 - num_pos), max(0, n - n // 2 - num_neg)
+
 
 class Pos(ExitRule):
     """Reinforce-Ada-pos: at least one positive."""
@@ -57,6 +70,9 @@ class Pos(ExitRule):
 
     def reached(self, num_pos: int, num_neg: int, n: int) -> bool:
         return num_pos >= 1
+
+    def needed(self, num_pos: int, num_neg: int, n: int) -> tuple[int, int]:
+        return max(0, 1 - num_pos), 0
 
 
 class Fixed(ExitRule):
@@ -70,6 +86,9 @@ class Fixed(ExitRule):
 
     def reached(self, num_pos: int, num_neg: int, n: int) -> bool:
         return num_pos + num_neg >= n
+
+    def needed(self, num_pos: int, num_neg: int, n: int) -> tuple[int, int]:
+        return 0, 0  # any n samples: the pool size, which the caller adds, is all that is needed
 
     def advantages(self, pool_rewards: Sequence[float], kept: Sequence[int], normalize_std: bool) -> list[float]:
         assert len(pool_rewards) == len(kept), "a fixed (GRPO) pool is exactly one round of n"

@@ -1,17 +1,29 @@
 """Where every admitted, unsettled prompt is: sampling (active), or released and waiting for the learner.
 
-`Pools` owns what happens to a prompt's pool: a round's samples accepted (those already too stale evicted on
-arrival), the release decision (exit rule, max_rounds, the hard cap), downsampling and advantages, waiting groups
-re-opened when a sample goes stale, and the FIFO hand-off. The Scheduler decides who gets which round and when,
-and keeps the rounds in flight and the learner version. Transitions are counted in the counters dict the
-Scheduler passes in (its COUNTERS).
+`Pools` owns what happens to a prompt's pool: the samples of its round in flight received (each once, those
+already too stale evicted), the exit rule checked as they join the pool, the release decision (exit rule, the
+allocation policy's budget, the hard cap), downsampling and advantages, waiting groups re-opened when a sample
+goes stale, and the FIFO hand-off. The Scheduler decides who gets which round and when, and keeps the rounds in
+flight and the learner version. Transitions are counted in the counters dict the Scheduler passes in (its
+COUNTERS).
+
+When samples join a pool (sampling.exit_check; a rule with `whole_rounds`, GRPO, always uses "round"):
+- "round": all of a round's samples, in issue order, once its last one arrived; the exit rule is checked then;
+- "prefix": one at a time along the longest finished prefix of the round in issue order, the exit rule checked
+  after each: which samples a group can keep then depends on rewards only, never on how long a sample took;
+- "sample": each as it arrives, the exit rule checked after each: exits soonest, but a pool then favours the
+  samples that finished first, the short ones.
+Once the rule holds, the round's samples that have not joined are discarded (counted, with their tokens) and the
+ones still running are cut (the Scheduler aborts them).
 
 Invariants (`check`):
 - admitted == (released - reopened) + dropped_unresolved + dropped_zero_variance + active, and
   released - reopened == waiting + groups_consumed: no admitted prompt is lost or counted twice;
 - every active prompt is either in flight or queued for its next round (in admission order);
-- `accepted_rounds` is exactly the accepted round ids of the live (active or waiting) prompts;
-- every waiting group has n samples and advantages equal to the formula over its retained pool.
+- `accepted_rounds` is exactly the accepted round ids of the live (active or waiting) prompts, `cut_rounds` those
+  of them the exit rule cut short (a sample of one arriving later is late, not a duplicate);
+- every waiting group has n samples and advantages equal to the formula over its retained pool; a resolved one
+  satisfies the exit rule on its pool.
 """
 
 from __future__ import annotations
@@ -27,11 +39,10 @@ import numpy as np
 
 from pipeline import protocol as P
 from pipeline.buffer import logic
+from pipeline.buffer.allocation import Allocation
 from pipeline.buffer.exit_rules import ExitRule
-from pipeline.buffer.state import PromptState
+from pipeline.buffer.state import InFlight, PromptState
 from pipeline.config import BufferConfig, SamplingConfig
-
-MAX_ROUNDS_FACTOR = 2  # hard cap: a prompt is settled after this many times max_rounds accepted rounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +53,7 @@ class SubmitOutcome:
     group: P.Group | None = None  # the group this result released, if any
     dropped: bool = False  # this result ended the prompt without a group (zero variance under "drop")
     num_evicted: int = 0  # samples of the result that were already too stale
+    aborted: tuple[int, ...] = ()  # rounds the exit rule cut short: their running samples must be aborted
 
     @property
     def accepted(self) -> bool:
@@ -59,12 +71,15 @@ class Released(msgspec.Struct):
 class Pools:
     """The active and waiting prompts; see the module docstring."""
 
-    def __init__(self, sampling: SamplingConfig, buffer: BufferConfig, rule: ExitRule, rng: random.Random,
-                 counts: dict[str, int]) -> None:
-        self.sampling, self.buffer, self.rule, self.rng, self.counts = sampling, buffer, rule, rng, counts
+    def __init__(self, sampling: SamplingConfig, buffer: BufferConfig, rule: ExitRule, policy: Allocation,
+                 rng: random.Random, counts: dict[str, int]) -> None:
+        self.sampling, self.buffer, self.rule, self.policy, self.rng, self.counts = \
+            sampling, buffer, rule, policy, rng, counts
+        self.exit_check = "round" if rule.whole_rounds else sampling.exit_check
         self.active: dict[int, PromptState] = {}
         self.waiting: dict[int, Released] = {}  # insertion order = release order (FIFO)
         self.accepted_rounds: set[int] = set()  # accepted round ids of live prompts (duplicate vs late)
+        self.cut_rounds: set[int] = set()  # those cut short by the exit rule
         self.rounds_to_exit: dict[int, int] = {}  # accepted rounds -> prompts released after that many
         self.groups_consumed = 0
         self._ready: list[tuple[int, int]] = []  # heap of (admitted_order, prompt_id); stale entries skipped
@@ -87,23 +102,79 @@ class Pools:
                 return st
         return None
 
-    def accept(self, st: PromptState, round_id: int, prompt_token_ids: np.ndarray, samples: Sequence[P.Sample],
-               min_version: int) -> SubmitOutcome:
-        """Add the samples of `st`'s round `round_id` (no longer in flight) to its pool; release or queue it."""
-        self.accepted_rounds.add(round_id)
-        self.counts["samples_received"] += len(samples)
-        threshold = self.sampling.positive_threshold
-        self.counts["positives_received"] += sum(logic.is_positive(s.reward, threshold) for s in samples)
-        if st.prompt_token_ids.size == 0:
+    def receive(self, st: PromptState, indices: Sequence[int], samples: Sequence[P.Sample],
+                prompt_token_ids: np.ndarray, min_version: int) -> tuple[SubmitOutcome, bool]:
+        """Samples `indices` of `st`'s round in flight arrived (indices checked by the caller: in range). Returns
+        the outcome and whether the round is over (complete, or cut by the exit rule: `st.in_flight` is then
+        None and, if cut, the outcome names it in `aborted`)."""
+        fl = st.in_flight
+        assert fl is not None
+        new = {}
+        for i, s in zip(indices, samples):
+            if i not in fl.arrived and i not in new:
+                new[i] = s
+        if not new:
+            return SubmitOutcome("duplicate"), False
+        if fl.round_index < 0:
+            fl.round_index = st.open_round(fl.round_id)
+            self.accepted_rounds.add(fl.round_id)
+        if st.prompt_token_ids.size == 0 and prompt_token_ids.size:
             st.prompt_token_ids = np.asarray(prompt_token_ids, dtype=np.int32)
-        fresh = [s for s in samples if s.version >= min_version]
-        if self.rule.whole_rounds and len(fresh) < len(samples):
-            fresh = []
-        evicted = len(samples) - len(fresh)
+        c, threshold = self.counts, self.sampling.positive_threshold
+        c["samples_received"] += len(new)
+        c["positives_received"] += sum(logic.is_positive(s.reward, threshold) for s in new.values())
+        c["tokens_received"] += sum(len(s.token_ids) for s in new.values())
+        st.num_received += len(new)
+        fl.arrived.update(new)
+        fl.held.update(new)
+        evicted, exited = self._join(st, fl, list(new), min_version)
+        if exited or fl.complete:
+            st.in_flight = None
+            cut = fl.num_samples - len(fl.arrived)
+            discarded = list(fl.held.values())
+            c["samples_discarded"] += len(discarded)
+            c["tokens_discarded"] += sum(len(s.token_ids) for s in discarded)
+            c["rounds_cut"] += cut > 0
+            c["samples_cut"] += cut
+            if cut:
+                st.cut_round_ids.append(fl.round_id)
+                self.cut_rounds.add(fl.round_id)
+            group, dropped = self._release(st, resolved=True) if exited else self._settle(st)
+            return SubmitOutcome("accepted", group, dropped, evicted, (fl.round_id,) if cut else ()), True
+        return SubmitOutcome("accepted", num_evicted=evicted), False
+
+    def _join(self, st: PromptState, fl: InFlight, arrived: list[int], min_version: int) -> tuple[int, bool]:
+        """Move held samples into the pool as sampling.exit_check says; returns (evicted, the exit rule holds)."""
+        if self.exit_check == "round":
+            if not fl.complete:
+                return 0, False
+            order = sorted(fl.held)
+        elif self.exit_check == "prefix":
+            order = []
+            while fl.next_index + len(order) in fl.held:
+                order.append(fl.next_index + len(order))
+        else:
+            order = arrived
+        batch = [fl.held[i] for i in order]
+        if self.rule.whole_rounds and any(s.version < min_version for s in batch):
+            min_version = 1 << 62  # a partly stale round of a whole-rounds rule loses all of its samples
+        evicted, threshold, n = 0, self.sampling.positive_threshold, self.sampling.group_size
+        for i, s in zip(order, batch):
+            del fl.held[i]
+            fl.next_index = max(fl.next_index, i + 1)
+            if s.version < min_version:
+                evicted += 1
+                continue
+            st.join(s, fl.round_index, threshold)
+            if self.exit_check != "round" and len(st.pool) >= n and self.rule.reached(st.num_pos, st.num_neg, n):
+                self.counts["stale_evictions"] += evicted
+                return evicted, True
         self.counts["stale_evictions"] += evicted
-        st.add_round(round_id, fresh, threshold)
-        group, dropped = self._settle(st)
-        return SubmitOutcome("accepted", group, dropped, evicted)
+        return evicted, self.exit_check == "round" and self._exit_holds(st)
+
+    def _exit_holds(self, st: PromptState) -> bool:
+        n = self.sampling.group_size
+        return len(st.pool) >= n and self.rule.reached(st.num_pos, st.num_neg, n)
 
     def drop(self, st: PromptState, reason: str = "") -> None:
         """Give up on an active prompt without a group (counted as dropped_unresolved, and under `reason`)."""
@@ -111,7 +182,7 @@ class Pools:
         self.counts["dropped_unresolved"] += 1
         if reason:
             self.counts[reason] += 1
-        self.accepted_rounds.difference_update(st.accepted_round_ids)
+        self._untrack(st)
 
     def evict_stale(self, min_version: int) -> None:
         """Evict samples older than `min_version` from active pools (a round that loses all its samples is
@@ -135,7 +206,7 @@ class Pools:
         groups = []
         for prompt_id in list(islice(self.waiting, num_groups)):
             rel = self.waiting.pop(prompt_id)
-            self.accepted_rounds.difference_update(rel.state.accepted_round_ids)  # only live prompts are tracked
+            self._untrack(rel.state)  # only live prompts are tracked
             for s in rel.group.samples:
                 assert learner_version - s.version <= self.buffer.max_staleness, (prompt_id, s.version)
             groups.append(rel.group)
@@ -151,22 +222,30 @@ class Pools:
                 st.in_flight = None
                 self.counts["rounds_reissued"] += 1
             self.active[st.prompt_id] = st
-            self.accepted_rounds.update(st.accepted_round_ids)
+            self._track(st)
             self.queue(st)
         self.waiting = {rel.state.prompt_id: rel for rel in waiting}
         for rel in waiting:
-            self.accepted_rounds.update(rel.state.accepted_round_ids)
+            self._track(rel.state)
+
+    def _track(self, st: PromptState) -> None:
+        self.accepted_rounds.update(st.accepted_round_ids)
+        self.cut_rounds.update(st.cut_round_ids)
+
+    def _untrack(self, st: PromptState) -> None:
+        self.accepted_rounds.difference_update(st.accepted_round_ids)
+        self.cut_rounds.difference_update(st.cut_round_ids)
 
     def _settle(self, st: PromptState) -> tuple[P.Group | None, bool]:
+        """`st` has no round in flight: release it (exit rule, or budget spent), drop it, or queue it."""
         n = self.sampling.group_size
-        if len(st.pool) >= n and self.rule.reached(st.num_pos, st.num_neg, n):
+        if self._exit_holds(st):
             return self._release(st, resolved=True)
-        limit = self.sampling.max_rounds
-        # Refunded rounds (samples evicted as stale) do not count toward max_rounds, so a hard prompt is not given
-        # up on because the learner moved on; but every accepted round is evidence, and past MAX_ROUNDS_FACTOR x
-        # max_rounds of it the prompt is settled with what its pool holds (a hard cap on its cost).
-        capped = st.rounds_accepted >= MAX_ROUNDS_FACTOR * limit
-        if (st.rounds_completed >= limit or capped) and len(st.pool) >= n:
+        # Samples lost to staleness do not count toward the budget, so a hard prompt is not given up on because
+        # the learner moved on; but every sample received is evidence, and past the policy's hard cap the prompt
+        # is settled with what its pool holds.
+        capped = self.policy.capped(st)
+        if (self.policy.exhausted(st) or capped) and len(st.pool) >= n:
             return self._release(st, resolved=False)
         if capped:  # not even n fresh samples left: drop it (counted as unresolved)
             self.drop(st)
@@ -179,7 +258,7 @@ class Pools:
         rewards = st.rewards()
         if not logic.has_signal(rewards) and self.buffer.unresolved == "drop":
             self.counts["dropped_zero_variance" if resolved else "dropped_unresolved"] += 1
-            self.accepted_rounds.difference_update(st.accepted_round_ids)
+            self._untrack(st)
             return None, True
         kept = logic.downsample(rewards, st.versions(), self.sampling.group_size, self.buffer.downsample,
                                 self.sampling.positive_threshold, self.rng)
@@ -188,6 +267,8 @@ class Pools:
         self.counts["released"] += 1
         self.counts["released_partial"] += not resolved
         self.counts["pool_samples_released"] += len(rewards)
+        self.counts["pool_tokens_released"] += sum(len(s.token_ids) for s in st.pool)
+        self.counts["tokens_kept"] += sum(len(s.token_ids) for s in group.samples)
         # all accepted rounds, stale ones included: the cost of the prompt, not what its group was built from
         self.rounds_to_exit[st.rounds_accepted] = self.rounds_to_exit.get(st.rounds_accepted, 0) + 1
         return group, False
@@ -208,11 +289,14 @@ class Pools:
         assert len(in_flight) == sum(st.in_flight is not None for st in self.active.values())
         live = [*self.active.values(), *(rel.state for rel in self.waiting.values())]
         assert self.accepted_rounds == {r for st in live for r in st.accepted_round_ids}, "accepted round ids"
+        assert self.cut_rounds == {r for st in live for r in st.cut_round_ids} <= self.accepted_rounds, "cut ids"
         n = self.sampling.group_size
         for rel in self.waiting.values():
             rewards = rel.state.rewards()
             assert len(rel.group.samples) == n == len(rel.kept)
             assert [s.reward for s in rel.group.samples] == [rewards[i] for i in rel.kept]
             assert self.buffer.unresolved == "keep" or logic.has_signal(rewards), "zero-variance pool released"
+            st = rel.state
+            assert not rel.group.resolved or self.rule.reached(st.num_pos, st.num_neg, n), "resolved, rule unmet"
             expected = logic.pool_advantages(rewards, rel.kept, self.buffer.normalize_std)
             assert all(abs(a - b) <= 1e-9 for a, b in zip(rel.group.advantages, expected)), "advantage formula"

@@ -2,35 +2,39 @@
 
 `Scheduler` is synchronous, deterministic and clock-free: every event carries the caller's `now`, and the same
 seed plus the same event log always produce the same groups. `BufferCore` wraps it; nothing here does I/O. The
-exit rule is an object (`exit_rules.py`): the scheduler asks it for the round size, the exit condition, whether
-rounds are kept whole, and the advantages.
+exit rule is an object (`exit_rules.py`): the scheduler asks it for the exit condition, whether rounds are kept
+whole, and the advantages. The allocation policy (`allocation.py`) sizes each round, may defer an example, and
+says when a visit's budget is spent.
 
 Life of a prompt:
-1. Admission. Prompts are handed out in the given order, wrapping around for further epochs; every admission
-   gets a fresh prompt_id. A new prompt is admitted only while
+1. Admission (`admission.py`). Examples are taken in the given order, wrapping around for further epochs (the
+   policy may defer one to a later epoch); every admission gets a fresh prompt_id. A new prompt is admitted only
+   while
        groups_waiting + prompts_active < (learner_version + max_staleness + 1) * batch_size - groups_consumed
    (AReaL's bound: with one batch consumed per version this is (max_staleness + 1) * batch_size groups
    generated but not yet trained; max_staleness = 0 is fully synchronous on-policy training).
 2. Rounds. `request_work` first gives rounds to active prompts without a round in flight (oldest admitted first),
-   then admits new prompts. A prompt has at most one round in flight; a round is the rule's round size (M; n for
-   "fixed"). Round ids come from a `RoundIds` allocator that evaluation rounds share: no id serves two rounds.
-3. Results. Only the result of a prompt's current round is accepted; duplicates (of a round already accepted,
-   while its prompt is in the buffer), late results (after a re-issue, an abort or the prompt's exit) and unknown
-   round ids are ignored and counted by reason. A result with the wrong number of samples is rejected and its
-   round re-issued (`reject` does the same for a result the caller found unusable). Samples already too stale on
-   arrival are evicted (whole rounds under a `whole_rounds` rule such as "fixed"). Then: exit rule holds (and
-   the pool has >= n samples) -> release; rounds_completed >= max_rounds -> unresolved; otherwise the prompt
-   waits for its next round (a pool that lost samples to staleness may need a round beyond max_rounds to hold
-   the n samples a group needs).
+   then admits new prompts, within the producer's round and sample budget and its fair share of the admission
+   bound in rounds ((max_staleness + 1) * batch_size over the producers alive). A prompt has at most one round in
+   flight; each round records its own size, chosen by the policy when it is issued. Round ids come from a
+   `RoundIds` allocator that evaluation rounds share: no id serves two rounds.
+3. Samples. Producers report samples as they finish (`submit_samples`, batched) or a whole round at once
+   (`submit_result`). Only samples of a prompt's current round are accepted, each index once; duplicates, late
+   results (after a re-issue, an abort or the prompt's exit) and unknown round ids are ignored and counted by
+   reason. A sample index outside the round, or a whole result of the wrong size, is rejected and the round
+   re-issued (`reject` does the same for a result the caller found unusable). Samples already too stale are
+   evicted as they join the pool (whole rounds under a `whole_rounds` rule such as "fixed"). The exit rule is
+   checked as samples join the pool (`pools.py`, sampling.exit_check); once it holds (and the pool has >= n
+   samples) the prompt is released and the rest of its round is cut: the outcome names the round, whose running
+   samples the caller aborts. A round that ends without the exit: budget spent (the policy's `exhausted`) ->
+   unresolved; otherwise the prompt waits for its next round.
 4. Release. The pool is downsampled to n (buffer.downsample, with the scheduler's seeded rng) and advantages use
    the whole pool's mean (and std when normalize_std), or whatever the rule's `advantages` says ("fixed": the
-   group's own statistics, pool == group).
-   - A resolved pool whose rewards are all equal (e.g. "pos" with every sample correct, or a "fixed" group)
-     carries no signal: dropped under unresolved="drop" (dropped_zero_variance), released under "keep"
-     (the reference behaviour: a zero-advantage group).
-   - An unresolved pool that still has signal is released with resolved=False (released_partial): dropping it
-     would bias training toward easy prompts that exit fast. One with zero variance is dropped under "drop"
-     (dropped_unresolved) and released (resolved=False, released_partial) under "keep".
+   group's own statistics, pool == group). A resolved pool whose rewards are all equal (e.g. "pos" with every
+   sample correct) carries no signal: dropped under unresolved="drop" (dropped_zero_variance), released under
+   "keep" (the reference: a zero-advantage group). An unresolved pool with signal is released with
+   resolved=False (released_partial): dropping it would bias training toward easy prompts that exit fast; one
+   with zero variance is dropped under "drop" (dropped_unresolved) and released under "keep".
 5. Hand-off. `take_batch` gives exactly num_groups groups FIFO, or nothing. Every handed-out sample satisfies
    learner_version - sample.version <= max_staleness. The learner version moves only through
    `set_learner_version`, which returns the rounds it aborts.
@@ -41,12 +45,13 @@ is re-opened (its prompt goes back to active, with the stale samples evicted fro
 until hand-off for this reason); rounds in flight issued at a now-stale version are aborted and re-issued.
 Expiry: a round whose lease passed, or whose producer was silent for heartbeat_timeout_s, is re-issued.
 
-The prompts' pools, their release and the hand-off live in `Pools` (pools.py); the Scheduler keeps admission,
-the rounds in flight, the producers' liveness and the learner version.
+Waste is counted exactly (counters.py). The prompts' pools, their release and the hand-off live in `Pools`
+(pools.py); admission and the per-example history in `Admission` (admission.py); the rounds in flight and the
+producers' liveness in `Leases` (leases.py); the Scheduler decides, and keeps the learner version.
 
 Invariants (`check_invariants`): those of `Pools` (no admitted prompt is lost or counted twice; every waiting
 group has n samples and the formula's advantages), and every round in flight belongs to exactly one active
-prompt, every other active prompt being queued for one.
+prompt, every other active prompt being queued for one; the per-producer round counts match the rounds in flight.
 """
 
 from __future__ import annotations
@@ -56,57 +61,20 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
 import numpy as np
 
 from pipeline import protocol as P
+from pipeline.buffer import state_codec as codec
+from pipeline.buffer.admission import Admission
+from pipeline.buffer.allocation import DEFAULT_WASTE, MAX_ROUNDS_FACTOR, Prior, make_allocation
+from pipeline.buffer.counters import COUNTERS, IGNORE_REASONS, MAX_REJECTIONS
 from pipeline.buffer.exit_rules import make_exit_rule
-from pipeline.buffer.pools import MAX_ROUNDS_FACTOR, Pools, Released, SubmitOutcome
-from pipeline.buffer.state import InFlight, PromptState, RoundIds, dec_hook, enc_hook
+from pipeline.buffer.leases import Leases
+from pipeline.buffer.pools import Pools, Released, SubmitOutcome
+from pipeline.buffer.state import History, InFlight, PromptState, RoundIds
 from pipeline.config import BufferConfig, SamplingConfig
 
 __all__ = ["COUNTERS", "MAX_REJECTIONS", "MAX_ROUNDS_FACTOR", "Released", "Scheduler", "SubmitOutcome"]
-
-SNAPSHOT_FORMAT = 1
-MAX_REJECTIONS = 3  # a prompt whose results are rejected this often is given up on (counted as unservable)
-COUNTERS = {  # every counter, declared once: metrics() reports each under its name
-    "admitted": "prompts admitted (a new prompt id each time an example is served)",
-    "released": "groups released (re-releases of re-opened groups included)",
-    "released_partial": "groups released without the exit rule holding (after max_rounds)",
-    "dropped_unresolved": "prompts given up on without a group (zero variance after max_rounds, or unservable)",
-    "dropped_zero_variance": "prompts whose exit rule held on a pool with no signal, dropped (unresolved=drop)",
-    "stale_evictions": "samples evicted from pools as too stale",
-    "reopened": "waiting groups re-opened because a sample went stale",
-    "rounds_issued": "rounds handed out (re-issues included)",
-    "rounds_reissued": "rounds cancelled and offered again (expired, aborted, rejected, resumed)",
-    "rounds_expired": "rounds whose lease ran out or whose producer went silent",
-    "rounds_aborted": "rounds cancelled because their samples would be stale or their prompt was given up on",
-    "results_rejected": "results with the wrong number of samples, or found unusable by the caller",
-    "samples_received": "samples of accepted results",
-    "positives_received": "positive samples of accepted results",
-    "pool_samples_released": "pool samples behind the released groups",
-    "prompts_unservable": "prompts dropped because producers could not serve them",
-}
-IGNORE_REASONS = ("duplicate", "late", "unknown")
-
-
-class _Snapshot(msgspec.Struct):
-    format: int
-    num_prompts: int
-    group_size: int
-    exit_rule: str
-    rng_state: list[Any]
-    cursor: int
-    next_prompt_id: int
-    next_round_id: int
-    learner_version: int
-    groups_consumed: int
-    active: list[PromptState]
-    waiting: list[Released]
-    counts: dict[str, int]
-    ignored: dict[str, int]
-    rounds_to_exit: dict[int, int]
-
 
 class Scheduler:
     """The buffer's pure state machine. See the module docstring for the rules it follows."""
@@ -128,60 +96,96 @@ class Scheduler:
         self.buffer = buffer
         self.batch_size = batch_size
         self.rule = make_exit_rule(sampling.exit_rule)
-        self.round_size = self.rule.round_size(sampling)
+        self.policy = make_allocation(sampling, self.rule)
+        self.round_size = self.rule.round_size(sampling)  # the nominal round (M; n for "fixed"): `fixed` uses it
         self.round_ids = RoundIds() if round_ids is None else round_ids
         self._prompts = prompts
         self._rng = random.Random(seed)
         self._counts = dict.fromkeys(COUNTERS, 0)
-        self.pools = Pools(sampling, buffer, self.rule, self._rng, self._counts)
-        self._cursor = 0  # prompts admitted so far; example index = cursor % len(prompts)
-        self._next_prompt_id = 0
+        self.pools = Pools(sampling, buffer, self.rule, self.policy, self._rng, self._counts)
+        self.admission = Admission(prompts, self.policy)
         self._learner_version = 0
-        self._rounds: dict[int, int] = {}  # round_id in flight -> prompt_id, in issue order
-        self._last_seen: dict[str, float] = {}
+        self.leases = Leases(buffer)
+        self._rounds = self.leases.rounds  # round_id in flight -> prompt_id, in issue order
         self._now = -math.inf
         self._ignored = dict.fromkeys(IGNORE_REASONS, 0)
         self._rejections: dict[int, int] = {}  # prompt id -> results rejected (not snapshotted)
 
     # ------------------------------------------------------------ events
 
-    def request_work(self, producer_id: str, max_rounds: int, now: float) -> list[P.RoundAssignment]:
-        """Up to `max_rounds` rounds for `producer_id`: waiting active prompts first, then new admissions."""
-        if max_rounds < 0:
-            raise ValueError(f"max_rounds must be >= 0, got {max_rounds}")
+    def request_work(self, producer_id: str, max_rounds: int, now: float, max_samples: int = 0
+                     ) -> list[P.RoundAssignment]:
+        """Up to `max_rounds` rounds for `producer_id`, waiting active prompts first, then new admissions; with
+        `max_samples` > 0 also at most that many samples in all (the first round is given even if larger)."""
+        if max_rounds < 0 or max_samples < 0:
+            raise ValueError(f"max_rounds and max_samples must be >= 0, got {max_rounds} and {max_samples}")
         self.heartbeat(producer_id, now)
         cap = self.buffer.max_rounds_in_flight
+        share = self.leases.room(producer_id, (self.buffer.max_staleness + 1) * self.batch_size, now)
         out: list[P.RoundAssignment] = []
-        while len(out) < max_rounds and (cap == 0 or len(self._rounds) < cap):
+        samples = 0
+        while len(out) < min(max_rounds, share) and (cap == 0 or len(self._rounds) < cap):
             st = self.pools.pop_ready()
             if st is None:
                 if not self._admission_open():
                     break
                 st = self._admit(now)
-            out.append(self._issue(st, producer_id, now))
+            size = self.policy.round_size(st, self._history(st), self._prior())
+            if max_samples and out and samples + size > max_samples:
+                self.pools.queue(st)
+                break
+            samples += size
+            out.append(self._issue(st, producer_id, size, now))
         return out
+
+    def submit_samples(self, producer_id: str, round_id: int, indices: Sequence[int], samples: Sequence[P.Sample],
+                       prompt_token_ids: np.ndarray, now: float) -> SubmitOutcome:
+        """Accept samples `indices` of round `round_id` as they finish; release the prompt once its exit rule holds
+        (the outcome's `aborted` then names the round, whose running samples the caller must abort)."""
+        self.heartbeat(producer_id, now)
+        st = self._round_prompt(round_id)
+        if st is None:
+            return SubmitOutcome(self._ignore(round_id, samples))
+        fl = st.in_flight
+        if len(indices) != len(samples) or not all(0 <= i < fl.num_samples for i in indices):
+            return self._reject(st, cannot_serve=False)
+        min_version = self._learner_version - self.buffer.max_staleness
+        c = self._counts
+        before = c["samples_received"], c["positives_received"]
+        outcome, over = self.pools.receive(st, indices, samples, prompt_token_ids, min_version)
+        if outcome.status == "duplicate":
+            self._ignored["duplicate"] += 1
+        num_new, num_pos = c["samples_received"] - before[0], c["positives_received"] - before[1]
+        self.admission.observe(st.example_index, num_pos, num_new - num_pos)  # every new sample is evidence
+        if over:
+            self.leases.remove(round_id, fl.producer_id)
+        return outcome
 
     def submit_result(
         self, producer_id: str, round_id: int, prompt_token_ids: np.ndarray, samples: list[P.Sample], now: float
     ) -> SubmitOutcome:
-        """Accept (or ignore, or reject) the result of one round, and release the prompt if it is done."""
-        self.heartbeat(producer_id, now)
+        """Accept (or ignore, or reject) the whole result of one round: its samples in issue order."""
         st = self._round_prompt(round_id)
-        if st is None:
-            return SubmitOutcome(self._ignore(round_id))
-        if len(samples) != self.round_size:
+        if st is not None and len(samples) != st.in_flight.num_samples:
+            self.heartbeat(producer_id, now)
             return self._reject(st, cannot_serve=not samples)
-        del self._rounds[round_id]
-        st.in_flight = None
-        min_version = self._learner_version - self.buffer.max_staleness
-        return self.pools.accept(st, round_id, prompt_token_ids, samples, min_version)
+        return self.submit_samples(producer_id, round_id, range(len(samples)), samples, prompt_token_ids, now)
+
+    def report_aborted(self, round_id: int, num_samples: int, num_tokens: int) -> None:
+        """A producer aborted `num_samples` samples of round `round_id` that had generated `num_tokens` tokens:
+        counted as waste (accounting only; ignored for a round id never issued)."""
+        if num_samples < 0 or num_tokens < 0:
+            raise ValueError(f"aborted samples and tokens must be >= 0, got {num_samples} and {num_tokens}")
+        if self.round_ids.issued(round_id):
+            self._counts["samples_aborted"] += num_samples
+            self._counts["tokens_aborted"] += num_tokens
 
     def reject(self, producer_id: str, round_id: int, now: float) -> SubmitOutcome:
         """Reject the result of round `round_id` as unusable (e.g. a token id outside the vocabulary): the round is
         re-issued, and its prompt given up on after MAX_REJECTIONS. Ignored like any result if not in flight."""
         self.heartbeat(producer_id, now)
         st = self._round_prompt(round_id)
-        return SubmitOutcome(self._ignore(round_id)) if st is None else self._reject(st, cannot_serve=False)
+        return SubmitOutcome(self._ignore(round_id, ())) if st is None else self._reject(st, cannot_serve=False)
 
     def take_batch(self, learner_version: int, num_groups: int, now: float | None = None) -> list[P.Group] | None:
         """Exactly `num_groups` waiting groups (FIFO) for the learner at `learner_version`, or None if fewer wait.
@@ -222,16 +226,16 @@ class Scheduler:
     def heartbeat(self, producer_id: str, now: float) -> None:
         """Record that `producer_id` is alive at `now`."""
         self._tick(now)
-        self._last_seen[producer_id] = max(now, self._last_seen.get(producer_id, -math.inf))
+        self.leases.heartbeat(producer_id, now)
 
     def forget(self, producer_id: str) -> None:
         """Forget when `producer_id` was last heard of: the buffer bounds how many producers it keeps track of
         and lets idle ones go. Rounds it still held would then count as silent and expire."""
-        self._last_seen.pop(producer_id, None)
+        self.leases.forget(producer_id)
 
     def is_silent(self, producer_id: str, now: float) -> bool:
         """Whether `producer_id` has not been heard of for more than buffer.heartbeat_timeout_s."""
-        return now - self._last_seen.get(producer_id, -math.inf) > self.buffer.heartbeat_timeout_s
+        return self.leases.is_silent(producer_id, now)
 
     def expire(self, now: float) -> list[int]:
         """Cancel rounds whose lease passed or whose producer went silent; returns their ids (re-offered later)."""
@@ -256,11 +260,13 @@ class Scheduler:
         prompt_id = self._rounds.get(round_id)
         return None if prompt_id is None else self.pools.active[prompt_id]
 
-    def _ignore(self, round_id: int) -> str:
-        if round_id in self.pools.accepted_rounds:
+    def _ignore(self, round_id: int, samples: Sequence[P.Sample]) -> str:
+        if round_id in self.pools.accepted_rounds and round_id not in self.pools.cut_rounds:
             reason = "duplicate"
         elif self.round_ids.issued(round_id):
             reason = "late"  # re-issued, aborted, or its prompt exited before it arrived
+            self._counts["samples_late"] += len(samples)
+            self._counts["tokens_discarded"] += sum(len(s.token_ids) for s in samples)
         else:
             reason = "unknown"
         self._ignored[reason] += 1
@@ -284,29 +290,43 @@ class Scheduler:
         bound = (self._learner_version + self.buffer.max_staleness + 1) * self.batch_size - pools.groups_consumed
         return len(pools.waiting) + len(pools.active) < bound
 
+    def _history(self, st: PromptState) -> History:
+        return self.admission.history.setdefault(st.example_index, History())
+
+    def _prior(self) -> Prior:
+        """The population prior, with the measured cost of a cut sample relative to a finished one."""
+        c = self._counts
+        cut = c["samples_aborted"] + c["samples_discarded"]
+        waste = DEFAULT_WASTE
+        if cut >= 100 and c["samples_received"] and c["tokens_received"]:
+            per_cut = (c["tokens_aborted"] + c["tokens_discarded"]) / cut
+            waste = per_cut / (c["tokens_received"] / c["samples_received"])
+        return self.admission.prior(waste)
+
     def _admit(self, now: float) -> PromptState:
-        example = self._cursor % len(self._prompts)
-        prompt, answer = self._prompts[example]
-        prompt_id = self._next_prompt_id
-        self._next_prompt_id += 1
-        self._cursor += 1
-        st = PromptState(prompt_id, example, prompt, answer, admitted_at=now, admitted_order=prompt_id)
+        deferred = self.admission.deferrals
+        st = self.admission.take(now, self._prior())
+        self._counts["deferred"] += self.admission.deferrals - deferred
         self.pools.add(st)
         return st
 
-    def _issue(self, st: PromptState, producer_id: str, now: float) -> P.RoundAssignment:
+    def _issue(self, st: PromptState, producer_id: str, size: int, now: float) -> P.RoundAssignment:
+        assert size >= 1, size
         round_id = self.round_ids.take()
-        st.in_flight = InFlight(round_id, producer_id, self._learner_version, now + self.buffer.lease_s)
+        st.in_flight = InFlight(round_id, producer_id, self._learner_version, now + self.buffer.lease_s, size)
         st.rounds_issued += 1
-        self._rounds[round_id] = st.prompt_id
+        self.leases.add(round_id, st.prompt_id, producer_id)
         self._counts["rounds_issued"] += 1
-        return P.RoundAssignment(round_id, st.prompt_id, st.prompt, st.answer, self.round_size, self.buffer.lease_s)
+        return P.RoundAssignment(round_id, st.prompt_id, st.prompt, st.answer, size, self.buffer.lease_s)
 
     def _cancel(self, st: PromptState, counter: str) -> None:
-        assert st.in_flight is not None
-        del self._rounds[st.in_flight.round_id]
+        fl = st.in_flight
+        assert fl is not None
+        self.leases.remove(fl.round_id, fl.producer_id)
         st.in_flight = None
         self._counts[counter] += 1
+        self._counts["samples_discarded"] += len(fl.held)  # arrived, never joined: the round starts over
+        self._counts["tokens_discarded"] += sum(len(s.token_ids) for s in fl.held.values())
         self.pools.queue(st)
 
     # ------------------------------------------------------------ observation
@@ -336,9 +356,14 @@ class Scheduler:
             "pool_size_mean": c["pool_samples_released"] / released if released else 0.0,
             "rounds_to_exit": dict(sorted(pools.rounds_to_exit.items())),
             "positive_rate": c["positives_received"] / received if received else 0.0,
+            # length bias: kept samples vs their pools (sampling.exit_check "sample" keeps short ones)
+            "kept_mean_len": c["tokens_kept"] / (released * self.sampling.group_size) if released else 0.0,
+            "pool_mean_len": c["pool_tokens_released"] / c["pool_samples_released"] if released else 0.0,
+            "deferred_share": c["deferred"] / (c["deferred"] + c["admitted"]) if c["admitted"] else 0.0,
+            "examples_seen": len(self.admission.history),
             "learner_version": self._learner_version,
-            "epoch": self._cursor // len(self._prompts),
-            "producers_alive": sum(not self.is_silent(p, self._now) for p in self._last_seen),
+            "epoch": self.admission.epoch,
+            "producers_alive": self.leases.alive(self._now),
         }
 
     def check_invariants(self) -> None:
@@ -348,20 +373,22 @@ class Scheduler:
             in_flight = self.pools.active[prompt_id].in_flight
             assert in_flight is not None and in_flight.round_id == round_id, f"round {round_id} untracked"
             assert self.round_ids.issued(round_id), f"round {round_id} was never issued"
+            assert 0 < in_flight.num_samples and in_flight.arrived <= set(range(in_flight.num_samples))
+        self.leases.check({r: self.pools.active[p].in_flight.producer_id for r, p in self._rounds.items()})
 
     # ------------------------------------------------------------ snapshot
 
     def snapshot(self) -> bytes:
         """The whole state as msgpack bytes (arrays as raw bytes); `Scheduler.restore` reads it back."""
         version, internal, gauss = self._rng.getstate()
-        pools = self.pools
-        snap = _Snapshot(
-            SNAPSHOT_FORMAT, len(self._prompts), self.sampling.group_size, self.sampling.exit_rule,
-            [version, list(internal), gauss], self._cursor, self._next_prompt_id, self.round_ids.next_id,
+        pools, adm = self.pools, self.admission
+        return codec.encode(codec.State(
+            codec.FORMAT, len(self._prompts), self.sampling.group_size, self.sampling.exit_rule,
+            [version, list(internal), gauss], adm.cursor, adm.next_prompt_id, self.round_ids.next_id,
             self._learner_version, pools.groups_consumed, list(pools.active.values()), list(pools.waiting.values()),
-            dict(self._counts), dict(self._ignored), dict(pools.rounds_to_exit),
-        )
-        return msgspec.msgpack.encode(snap, enc_hook=enc_hook)
+            dict(self._counts), dict(self._ignored), dict(pools.rounds_to_exit), dict(adm.history),
+            (adm.positives, adm.samples),
+        ))
 
     @classmethod
     def restore(
@@ -379,25 +406,15 @@ class Scheduler:
         beyond the counter: the offset keeps a late result for one of them from ever matching a new round)."""
         if round_id_offset < 0:
             raise ValueError(f"round_id_offset must be >= 0, got {round_id_offset}")
-        try:
-            snap = msgspec.msgpack.decode(data, type=_Snapshot, dec_hook=dec_hook)
-        except (msgspec.DecodeError, TypeError, ValueError) as exc:
-            raise ValueError(f"not a buffer snapshot (or a corrupt one): {exc}") from None
-        if snap.format != SNAPSHOT_FORMAT:
-            raise ValueError(f"snapshot format {snap.format} is not {SNAPSHOT_FORMAT}; start a fresh buffer")
-        if snap.num_prompts != len(prompts):
-            raise ValueError(f"the snapshot was taken over {snap.num_prompts} prompts but {len(prompts)} were given; "
-                             "resume with the same data config and seed")
-        if (snap.group_size, snap.exit_rule) != (sampling.group_size, sampling.exit_rule):
-            raise ValueError(f"the snapshot used group_size={snap.group_size}, exit_rule={snap.exit_rule!r}; "
-                             "resume with the same sampling.group_size and sampling.exit_rule")
+        snap = codec.decode(data, sampling, len(prompts))
         sched = cls(sampling, buffer, batch_size, prompts, seed=0,
                     round_ids=RoundIds(snap.next_round_id + round_id_offset))
         version, internal, gauss = snap.rng_state
         sched._rng.setstate((version, tuple(internal), gauss))
-        sched._cursor, sched._next_prompt_id, sched._learner_version = snap.cursor, snap.next_prompt_id, \
-            snap.learner_version
+        sched._learner_version = snap.learner_version
         sched._counts.update({k: v for k, v in snap.counts.items() if k in COUNTERS})
+        sched.admission.load(snap.cursor, snap.next_prompt_id, snap.history, *snap.observed,
+                             sched._counts["deferred"])
         sched._ignored.update({k: v for k, v in snap.ignored.items() if k in IGNORE_REASONS})
         sched.pools.groups_consumed = snap.groups_consumed
         sched.pools.rounds_to_exit = dict(snap.rounds_to_exit)

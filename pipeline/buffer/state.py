@@ -9,9 +9,12 @@ Invariants (checked by `PromptState.check`):
 - rounds_completed == the number of distinct rounds that still have a sample in the pool, so evicting stale
   samples refunds a round only when it lost all of them (a prompt never runs out of rounds because its
   samples went stale);
-- at most one round is in flight (`in_flight`), and it is the only round whose result may be accepted;
+- at most one round is in flight (`in_flight`), and it is the only round whose samples may be accepted; it
+  records its own size (`num_samples`), which results are validated against, and which of its samples arrived
+  (each is accepted once); a round gets its `round_index` when its first sample arrives;
 - a round id is never handed out twice, whatever the round's kind (`RoundIds`): producers key running rounds by
-  id, and an Abort names ids.
+  id, and an Abort names ids;
+- `History` outlives prompts: one per training example, across epochs and restarts (it is in the snapshot).
 
 Structs here are msgspec Structs so a scheduler snapshot is one msgpack encode; numpy arrays go through
 `enc_hook` / `dec_hook` as [dtype, shape, bytes].
@@ -84,12 +87,33 @@ class RoundIds:
 
 
 class InFlight(msgspec.Struct, gc=False):
-    """The one round of a prompt that is out at a producer."""
+    """The one round of a prompt that is out at a producer, and the samples of it that arrived so far."""
 
     round_id: int
     producer_id: str
     issued_version: int  # learner version when the round was issued
     deadline: float  # lease end: re-issued after this time
+    num_samples: int = 0  # the round's own size (the allocation policy's choice): results are checked against it
+    arrived: set[int] = set()  # sample indices received (a second copy of one is a duplicate)
+    held: dict[int, P.Sample] = {}  # arrived but not in the pool yet (sampling.exit_check "prefix" and "round")
+    next_index: int = 0  # "prefix": the next sample index, in issue order, that may join the pool
+    round_index: int = -1  # the prompt's accepted-round index, set when the round's first sample arrives
+
+    @property
+    def complete(self) -> bool:
+        return len(self.arrived) == self.num_samples
+
+
+class History(msgspec.Struct, array_like=True, gc=False):
+    """What the buffer remembers about one training example across its visits (epochs) and restarts: the
+    evidence on its pass rate that allocation policies read (weighted down at each new visit by the policy's
+    `decay`), and its deferrals."""
+
+    pos: float = 0.0  # positive samples seen (every sample that arrived, of every visit, discounted)
+    neg: float = 0.0  # negative samples seen
+    visits: int = 0  # admissions
+    deferred: int = 0  # deferrals since the last admission (admitted at the latest after MAX_DEFERRALS)
+    deferrals: int = 0  # deferrals in all
 
 
 class PromptState(msgspec.Struct):
@@ -110,19 +134,32 @@ class PromptState(msgspec.Struct):
     rounds_accepted: int = 0  # accepted rounds ever (the next round_index)
     accepted_round_ids: list[int] = []  # to tell a duplicate result from a late one while the prompt lives
     in_flight: InFlight | None = None
+    num_received: int = 0  # samples that arrived for its rounds (stale ones too): the visit's cost
+    cut_round_ids: list[int] = []  # accepted rounds the exit rule cut short (their stragglers are late)
 
-    def add_round(self, round_id: int, samples: Sequence[P.Sample], threshold: float) -> None:
-        """Record accepted round `round_id` and append its samples (already filtered for staleness) to the pool."""
+    def open_round(self, round_id: int) -> int:
+        """Record that round `round_id` is accepted (its first sample arrived); returns its round index."""
         index = self.rounds_accepted
         self.rounds_accepted += 1
         self.accepted_round_ids.append(round_id)
-        for s in samples:
-            positive = is_positive(s.reward, threshold)
-            self.pool.append(PoolSample(s, index, positive))
-            self.num_pos += positive
-            self.num_neg += not positive
-        if samples:
+        return index
+
+    def join(self, sample: P.Sample, round_index: int, threshold: float) -> None:
+        """Append one sample (already checked for staleness) of accepted round `round_index` to the pool."""
+        # a round's samples join contiguously (one round in flight), so the round is new to the pool exactly
+        # when the pool's last sample is of another round
+        if not self.pool or self.pool[-1].round_index != round_index:
             self.rounds_completed += 1
+        positive = is_positive(sample.reward, threshold)
+        self.pool.append(PoolSample(sample, round_index, positive))
+        self.num_pos += positive
+        self.num_neg += not positive
+
+    def add_round(self, round_id: int, samples: Sequence[P.Sample], threshold: float) -> None:
+        """Record accepted round `round_id` and append its samples (already filtered for staleness) to the pool."""
+        index = self.open_round(round_id)
+        for s in samples:
+            self.join(s, index, threshold)
 
     def evict_older_than(self, min_version: int, whole_rounds: bool = False) -> int:
         """Remove samples with version < min_version; returns how many were removed.

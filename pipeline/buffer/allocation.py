@@ -1,0 +1,165 @@
+"""Allocation policies: how many samples a prompt's next round gets, whether to admit it at all, and when its
+visit's budget is spent. `sampling.allocation` picks one; a new policy is a subclass here plus its name in
+`POLICIES` and among the choices of `sampling.allocation` (pipeline/config/schema.py).
+
+A policy is pure: it reads the prompt's pool (a `PromptState`), the example's `History` (every sample of every
+visit, kept by the Scheduler across epochs and restarts) and the population `Prior`, and never changes them.
+
+- `fixed`: today's Reinforce-Ada: rounds of M samples (n under the "fixed" rule), at most N rounds.
+- `est`: the authors' estimation-based variant: a Beta posterior on the pass rate p from every sample of every
+  visit; each round asks for about what the exit rule still needs at p_hat (n/2 positives take n/2 / p_hat
+  samples), clipped to the visit's remaining budget of M*N samples.
+- `min_cost`: each round's size minimises the expected cost of reaching the exit under the posterior: the
+  round's samples that the exit makes unnecessary (aborted or discarded, each costing `waste` of a sample) plus
+  ROUND_COST per further round. A prompt whose posterior gives its visit little chance of a group with both
+  rewards (below DEFER_BELOW) is deferred to a later epoch, at most MAX_DEFERRALS times in a row.
+
+Invariants:
+- `round_size` is >= 1 and, for budgeted policies, at most the visit's remaining budget (so a visit never
+  draws more than M*N samples into its pool);
+- `admit` is True for an example never seen and for one deferred MAX_DEFERRALS times in a row: every example is
+  tried at least once every MAX_DEFERRALS + 1 epochs;
+- `fixed` decides exactly as the Scheduler did before policies existed (tests/test_reference_diff.py).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pipeline.buffer.exit_rules import ExitRule
+from pipeline.buffer.posterior import Outlook, outlook
+from pipeline.buffer.state import History, PromptState
+from pipeline.config import SamplingConfig
+
+MAX_ROUNDS_FACTOR = 2  # hard cap: a visit is settled after this many times its budget (rounds or samples)
+MAX_DEFERRALS = 2  # an example is deferred at most this many epochs in a row
+PRIOR_STRENGTH = 2.0  # the population prior counts as this many samples
+DEFER_BELOW = 0.1  # min_cost defers an example whose visit yields a group with a signal less often than this
+ROUND_COST = 1.0  # min_cost: a further round costs as much as this many samples (prefill, latency, a round trip)
+DEFAULT_WASTE = 0.5  # min_cost: share of a sample an aborted one costs, until the buffer has measured it
+
+
+@dataclass(frozen=True, slots=True)
+class Prior:
+    """The population's Beta(a, b) prior on a prompt's pass rate, and the measured cost of a cut sample."""
+
+    a: float = 1.0
+    b: float = 1.0
+    waste: float = DEFAULT_WASTE  # tokens of an aborted or discarded sample / tokens of a finished one
+
+    @classmethod
+    def from_counts(cls, positives: float, samples: float, waste: float = DEFAULT_WASTE) -> Prior:
+        """A weak prior (PRIOR_STRENGTH samples) centred on the pass rate of every sample seen so far."""
+        mean = (positives + 1.0) / (samples + 2.0)
+        return cls(PRIOR_STRENGTH * mean, PRIOR_STRENGTH * (1.0 - mean), min(1.0, max(0.0, waste)))
+
+
+class Allocation(ABC):
+    """How a prompt's visit spends its samples; see the module docstring."""
+
+    name: ClassVar[str]
+    decay: ClassVar[float] = 1.0  # weight of earlier visits' evidence when a new visit starts
+
+    def __init__(self, sampling: SamplingConfig, rule: ExitRule) -> None:
+        self.sampling, self.rule = sampling, rule
+        self.n = sampling.group_size
+        self.budget = sampling.round_size * sampling.max_rounds  # samples per visit (M*N)
+
+    def admit(self, hist: History, prior: Prior) -> bool:
+        """Whether to admit the example now (False: defer it to its next turn, a later epoch)."""
+        return True
+
+    @abstractmethod
+    def round_size(self, st: PromptState, hist: History, prior: Prior) -> int:
+        """Samples for `st`'s next round (`hist` already holds the samples of its pool)."""
+
+    def exhausted(self, st: PromptState) -> bool:
+        """Whether the visit's budget is spent (the prompt is then settled with what its pool holds)."""
+        return len(st.pool) >= self.budget
+
+    def capped(self, st: PromptState) -> bool:
+        """Whether the visit hit the hard cap on its cost (samples lost to staleness are refunded up to it)."""
+        return st.num_received >= MAX_ROUNDS_FACTOR * self.budget
+
+    def remaining(self, st: PromptState) -> int:
+        return max(1, self.budget - len(st.pool))
+
+    def posterior(self, hist: History, prior: Prior) -> tuple[float, float]:
+        return prior.a + hist.pos, prior.b + hist.neg
+
+    def outlook(self, st: PromptState | None, hist: History, prior: Prior) -> Outlook:
+        """The predicted rest of the visit (a visit not started yet when `st` is None)."""
+        a, b = self.posterior(hist, prior)
+        pos, neg, drawn = (0, 0, 0) if st is None else (st.num_pos, st.num_neg, len(st.pool))
+        return outlook(a, b, pos, neg, max(0, self.budget - drawn), self.rule.name, self.n)
+
+
+class Fixed(Allocation):
+    """M samples per round (n under the "fixed" rule), at most N rounds: the paper's schedule."""
+
+    name = "fixed"
+
+    def round_size(self, st: PromptState, hist: History, prior: Prior) -> int:
+        return self.rule.round_size(self.sampling)
+
+    def exhausted(self, st: PromptState) -> bool:
+        return st.rounds_completed >= self.sampling.max_rounds
+
+    def capped(self, st: PromptState) -> bool:
+        return st.rounds_accepted >= MAX_ROUNDS_FACTOR * self.sampling.max_rounds
+
+
+class Est(Allocation):
+    """The authors' estimation-based budget: what the exit rule still needs, divided by the estimated rate."""
+
+    name = "est"
+
+    def round_size(self, st: PromptState, hist: History, prior: Prior) -> int:
+        a, b = self.posterior(hist, prior)
+        floor = 1.0 / (2 * self.budget)  # p_hat = 0 or 1 would ask for an infinite budget
+        p = min(1.0 - floor, max(floor, a / (a + b)))
+        need_pos, need_neg = self.rule.needed(st.num_pos, st.num_neg, self.n)
+        want = max(need_pos / p, need_neg / (1.0 - p), self.n - len(st.pool), 1.0)
+        return max(1, min(self.remaining(st), math.ceil(want)))
+
+
+class MinCost(Allocation):
+    """Rounds sized to minimise expected cut samples plus rounds under the posterior; hopeless prompts deferred."""
+
+    name = "min_cost"
+    decay = 0.5  # pass rates move as the policy learns: an earlier visit counts half at each new one
+
+    def admit(self, hist: History, prior: Prior) -> bool:
+        if hist.visits == 0 or hist.deferred >= MAX_DEFERRALS:
+            return True
+        return self.outlook(None, hist, prior).useful >= DEFER_BELOW
+
+    def round_size(self, st: PromptState, hist: History, prior: Prior) -> int:
+        look = self.outlook(st, hist, prior)
+        remaining = self.remaining(st)
+        need_pos, need_neg = self.rule.needed(st.num_pos, st.num_neg, self.n)
+        lowest = min(remaining, max(1, need_pos + need_neg, self.n - len(st.pool)))  # fewer cannot exit
+        best, best_cost = lowest, math.inf
+        for k in range(lowest, remaining + 1):
+            further = ROUND_COST * (1.0 - look.exit_by(k)) if k < remaining else 0.0  # no round after the last
+            cost = prior.waste * look.overshoot(k) + further
+            if cost < best_cost - 1e-12:
+                best, best_cost = k, cost
+        return best
+
+
+POLICIES: dict[str, type[Allocation]] = {cls.name: cls for cls in (Fixed, Est, MinCost)}
+ALLOCATIONS = tuple(POLICIES)
+
+
+def make_allocation(sampling: SamplingConfig, rule: ExitRule) -> Allocation:
+    """The policy named by sampling.allocation. Raises ValueError naming the known policies."""
+    try:
+        cls = POLICIES[sampling.allocation]
+    except KeyError:
+        raise ValueError(f"unknown allocation policy {sampling.allocation!r}; use one of {', '.join(ALLOCATIONS)}") \
+            from None
+    return cls(sampling, rule)
