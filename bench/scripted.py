@@ -4,7 +4,8 @@ generation time, and a learner that takes batches, checks them, and bumps the ve
 
 They speak the real wire protocol to a real buffer process over real ZeroMQ sockets; only the model is scripted.
 Both survive a buffer restart: a request without a reply within --request-timeout is sent again (ZeroMQ
-reconnects by itself), and the learner announces its version again before each retry.
+reconnects by itself), and the learner announces its version again before each retry. The learner presents the
+learner role as the real one does: its CurveZMQ key (--keys-dir) or the run's token (--token-file).
 
     python -m bench.scripted producer --connect 127.0.0.1:5555 --id p0 --round-seconds 0.05
     python -m bench.scripted learner --connect 127.0.0.1:5555 --steps 5 --batch 8 --out summary.json
@@ -25,6 +26,7 @@ import time
 import numpy as np
 
 from pipeline import protocol as P
+from pipeline.auth import LEARNER
 from pipeline.transport import BufferClient, parse_connect
 
 
@@ -104,7 +106,8 @@ def run_producer(connect: str, producer_id: str, round_seconds: float = 0.0, max
                     ids = rng.integers(0, vocab, size=tokens, dtype=np.int32)
                     lp = -rng.random(tokens, dtype=np.float32)
                     samples.append(P.Sample(ids, lp, float(rng.random() < p), version, "stop"))
-                prompt_ids = rng.integers(0, vocab, size=min(len(rnd.prompt), 32) or 1, dtype=np.int32)
+                # a prompt's tokens are the same in every round, as a tokenizer's are (the buffer checks it)
+                prompt_ids = np.array([ord(c) % vocab for c in rnd.prompt[:32]] or [1], dtype=np.int32)
                 client.send(P.RoundResult(producer_id, rnd.round_id, rnd.prompt_id, prompt_ids, samples,
                                           round_seconds, rnd.kind))
                 counts["rounds"] += 1
@@ -117,7 +120,7 @@ def run_producer(connect: str, producer_id: str, round_seconds: float = 0.0, max
 def run_learner(connect: str, steps: int, batch: int, train_seconds: float = 0.0, max_staleness: int = 1,
                 group_size: int = 4, control_port: int | None = None, timeout_s: float = 120.0,
                 shutdown: bool = True, request_timeout_s: float = 10.0, duration_s: float = 0.0,
-                keys_dir: str = "") -> dict:
+                keys_dir: str = "", token_file: str | None = None) -> dict:
     """Take `steps` batches (or stop after `duration_s` > 0), check every group, bump the version after each.
 
     A BatchRequest without a reply within `request_timeout_s` is sent again on a fresh socket, after the
@@ -126,7 +129,7 @@ def run_learner(connect: str, steps: int, batch: int, train_seconds: float = 0.0
     Returns a summary.
     """
     router_url, control_url = parse_connect(connect, control_port)
-    client = BufferClient(router_url, control_url, "scripted-learner", keys_dir)
+    client = BufferClient(router_url, control_url, "scripted-learner", keys_dir, role=LEARNER, token_file=token_file)
     version = 0
     wait_ms = int(min(2000.0, request_timeout_s * 500))  # the buffer answers (maybe empty) well within the timeout
     summary: dict = {"steps": 0, "groups": 0, "bad_group_size": 0, "max_staleness_seen": 0, "mixed_groups": 0,
@@ -209,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=0.0, help="learner: stop after this many seconds")
     parser.add_argument("--no-shutdown", action="store_true", help="learner: leave the buffer running at the end")
     parser.add_argument("--keys-dir", default="", help="CurveZMQ keys directory (see `reinforce-ada keys`)")
+    parser.add_argument("--token-file", default=None, help="learner: the run's learner token file (loopback)")
     parser.add_argument("--out", help="write the summary JSON here")
     args = parser.parse_args(argv)
     if args.role == "producer":
@@ -220,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_learner(args.connect, args.steps, args.batch, args.train_seconds,
                              group_size=args.group_size, control_port=args.control_port,
                              shutdown=not args.no_shutdown, request_timeout_s=args.request_timeout or 10.0,
-                             duration_s=args.duration, keys_dir=args.keys_dir)
+                             duration_s=args.duration, keys_dir=args.keys_dir, token_file=args.token_file)
     text = json.dumps(result)
     if args.out:
         with open(args.out, "w") as f:
@@ -278,8 +282,10 @@ def wait_for_buffer(port: int, timeout_s: float = 30.0, until=None, proc: subpro
     raise TimeoutError(f"the buffer on port {port} did not get there within {timeout_s} s")
 
 
-def send_shutdown(port: int, reason: str = "done") -> None:
-    client = BufferClient(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}", "stopper")
+def send_shutdown(port: int, reason: str = "done", token_file=None, keys_dir: str = "") -> None:
+    """Stop the buffer at 127.0.0.1:port as the learner does (with the learner's token or key, if it has one)."""
+    client = BufferClient(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}", "stopper", keys_dir,
+                          role=LEARNER, token_file=token_file)
     try:
         client.send(P.Shutdown(reason))
     finally:

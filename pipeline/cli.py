@@ -22,7 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check-config": ("pipeline.cli", "print the resolved config of FILE [overrides], or the error; --markdown: "
                                      "the configuration reference"),
     "make-tiny-model": ("pipeline.tiny_model", "build the tiny character-level arithmetic model"),
-    "keys": ("pipeline.cli", "create CurveZMQ keys for non-loopback endpoints: --out DIR"),
+    "keys": ("pipeline.cli", "create CurveZMQ keys, one pair per role (server, producer, learner): --out DIR; or "
+                             "a learner token for a loopback run: --learner-token FILE"),
 }
 
 
@@ -62,14 +63,30 @@ def check_config_main(argv: list[str]) -> int:
     return 0
 
 
+KEYS_DONE = """wrote CurveZMQ keys to {root}: the buffer's machine needs server.key* and authorized/; a producer's
+machine server.key and producer.key*; the learner's machine server.key and learner.key*. Set endpoints.keys_dir
+to the directory on each (`reinforce-ada train` on one machine can use {root} as it is)."""
+
+
 def keys_main(argv: list[str]) -> int:
-    from pipeline.transport import make_keys  # pyzmq: loaded only for this command
+    from pipeline.auth import SecurityError, create_token, make_keys  # pyzmq: loaded only for this command
 
     parser = argparse.ArgumentParser(prog="reinforce-ada keys", description=COMMANDS["keys"][1])
-    parser.add_argument("--out", required=True, help="directory for the key files")
+    parser.add_argument("--out", help="directory for the key files (server, producer, learner, authorized/)")
+    parser.add_argument("--learner-token", metavar="FILE",
+                        help="write a fresh learner token (mode 0600) for a buffer and learner on loopback without "
+                             "keys, e.g. RUN_DIR/learner.token (`reinforce-ada train` makes one itself)")
     args = parser.parse_args(argv)
-    root = make_keys(args.out)
-    print(f"wrote CurveZMQ keys to {root}: copy the directory to every machine and set endpoints.keys_dir")
+    if not args.out and not args.learner_token:
+        parser.error("give --out DIR (CurveZMQ keys) or --learner-token FILE")
+    try:
+        if args.out:
+            print(KEYS_DONE.format(root=make_keys(args.out)))
+        if args.learner_token:
+            print(f"wrote a learner token to {create_token(args.learner_token)}")
+    except (SecurityError, OSError) as exc:
+        print(f"keys: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

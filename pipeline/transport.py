@@ -5,9 +5,13 @@ Socket layout (the buffer binds both):
   (WorkRequest, BatchRequest, MetricsRequest) gets exactly one reply, results and heartbeats get none.
 - PUB `tcp://host:control_port`: the control channel (VersionUpdate, Abort, Shutdown) to every client's SUB.
 
-Security invariant: the buffer binds a non-loopback interface only with CurveZMQ keys, and then accepts only
-clients whose public key lies in `keys_dir/authorized/` (on both sockets: a client without an authorized key gets
-neither replies nor control messages). Nothing on the wire is unpickled (see protocol.py).
+Security invariants: the buffer binds a non-loopback interface only with CurveZMQ keys, and then accepts only
+clients whose public key lies in `keys_dir/authorized/<role>/` (on both sockets: a client without an admitted key
+gets neither replies nor control messages). Every connection holds a role, producer or learner, that the buffer
+learns from its key or, on loopback, from the learner token in its handshake (see auth.py); a client presents
+its role's key and, as the learner, the token, and never a secret in a message. The ROUTER refuses a second
+connection under an identity it still serves (ROUTER_HANDOVER off): nobody takes over a producer's identity and
+with it its leases. Nothing on the wire is unpickled (see protocol.py).
 
 Reconnection: clients connect (the buffer binds), so a restarted buffer on the same ports is found again by
 ZeroMQ's reconnect; messages sent while it was down wait in the client's queue and are delivered after it returns
@@ -23,34 +27,47 @@ import ipaddress
 import itertools
 import logging
 import os
-import shutil
 import socket
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
 
 from pipeline import protocol
+from pipeline.auth import (
+    LEARNER,
+    PRODUCER,
+    ConnectionRoles,
+    RoleAuthenticator,
+    SecurityError,
+    authorized_keys,
+    learner_token_path,
+    load_pair,
+    make_keys,
+    read_token,
+    server_public_key,
+    token_metadata,
+)
+
+if TYPE_CHECKING:
+    from pipeline.config import Config
+
+__all__ = ["AsyncBufferClient", "BufferClient", "SecurityError", "ServerSecurity", "check_bind", "free_port",
+           "free_port_pair", "make_keys", "parse_connect"]
 
 log = logging.getLogger(__name__)
 
-SERVER_KEY = "server"
-CLIENT_KEY = "client"
 HEARTBEAT_IVL_MS = 1000  # ZMTP ping interval on every socket
 HEARTBEAT_TIMEOUT_MS = 10_000  # no traffic (pongs included) for this long: the connection is dropped and re-made
 # refusals after which ZeroMQ stops reconnecting (EVENT_HANDSHAKE_FAILED_NO_DETAIL is left out: it also comes
 # from a connection cut mid-handshake, e.g. by a buffer restart, and from a wrong server key, and ZeroMQ retries)
 _HANDSHAKE_FAILURES = {
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "security mechanism mismatch: keys on one side only",
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "this client's public key is not in the buffer's keys_dir/authorized/",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "this client's public key is not in the buffer's keys_dir/authorized/<role>/",
 }
 _monitor_ids = itertools.count()
-
-
-class SecurityError(ValueError):
-    """A bind or connect that would expose the pipeline without authentication."""
+_reconnects = itertools.count(1)
 
 
 def is_loopback(host: str) -> bool:
@@ -60,31 +77,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def make_keys(keys_dir: str | os.PathLike) -> Path:
-    """Create a server key pair and one client key pair (authorized) under `keys_dir`."""
-    import zmq.auth
-
-    root = Path(keys_dir)
-    (root / "authorized").mkdir(parents=True, exist_ok=True)
-    zmq.auth.create_certificates(root, SERVER_KEY)
-    zmq.auth.create_certificates(root, CLIENT_KEY)
-    shutil.copy(root / f"{CLIENT_KEY}.key", root / "authorized" / f"{CLIENT_KEY}.key")
-    for secret in root.glob("*.key_secret"):
-        secret.chmod(0o600)
-    return root
-
-
-def _load_pair(keys_dir: Path, name: str) -> tuple[bytes, bytes]:
-    import zmq.auth
-
-    path = keys_dir / f"{name}.key_secret"
-    if not path.is_file():
-        raise SecurityError(f"missing CurveZMQ key {path}; create keys with `reinforce-ada keys --out {keys_dir}`")
-    public, secret = zmq.auth.load_certificate(path)
-    assert secret is not None
-    return public, secret
 
 
 def check_bind(host: str, keys_dir: str) -> None:
@@ -98,23 +90,21 @@ def check_bind(host: str, keys_dir: str) -> None:
 
 
 class ServerSecurity:
-    """Curve server side: applies keys to bound sockets and runs the ZAP authenticator (allow-list)."""
+    """The buffer's side: CurveZMQ keys on the bound sockets and the ZAP authenticator (allow-list per role), and
+    `roles`, which tells the role of the connection each received message came on (see auth.py).
 
-    def __init__(self, ctx: zmq.Context, keys_dir: str) -> None:
+    `token` is the learner token (loopback without keys); None without one. Every key file is read before any
+    thread starts: a bad one raises SecurityError naming it."""
+
+    def __init__(self, ctx: zmq.Context, keys_dir: str, token: str | None = None) -> None:
         self.enabled = bool(keys_dir)
-        self._auth = None
+        self.roles = ConnectionRoles(self.enabled, None if self.enabled else token)
+        self._auth: RoleAuthenticator | None = None
         if not self.enabled:
             return
-        from zmq.auth.thread import ThreadAuthenticator
-
-        root = Path(keys_dir)
-        self.public, self.secret = _load_pair(root, SERVER_KEY)
-        allowed = root / "authorized"
-        if not allowed.is_dir():
-            raise SecurityError(f"{allowed} is missing: it must hold the public keys of allowed clients")
-        self._auth = ThreadAuthenticator(ctx)
+        self.public, self.secret = load_pair(keys_dir, "server")
+        self._auth = RoleAuthenticator(ctx, authorized_keys(keys_dir))
         self._auth.start()
-        self._auth.configure_curve(domain="*", location=str(allowed))
 
     def apply(self, sock: zmq.Socket) -> None:
         if self.enabled:
@@ -128,19 +118,14 @@ class ServerSecurity:
             self._auth = None
 
 
-def apply_client_keys(sock: zmq.Socket, keys_dir: str) -> None:
+def apply_client_keys(sock: zmq.Socket, keys_dir: str, role: str = PRODUCER) -> None:
+    """The key pair of `role` and the server's public key, when `keys_dir` is set."""
     if not keys_dir:
         return
-    root = Path(keys_dir)
-    public, secret = _load_pair(root, CLIENT_KEY)
-    server_public = (root / f"{SERVER_KEY}.key")
-    if not server_public.is_file():
-        raise SecurityError(f"missing server public key {server_public}; copy it from the buffer's keys_dir")
-    import zmq.auth
-
+    public, secret = load_pair(keys_dir, role)
     sock.curve_secretkey = secret
     sock.curve_publickey = public
-    sock.curve_serverkey = zmq.auth.load_certificate(server_public)[0]
+    sock.curve_serverkey = server_public_key(keys_dir)
 
 
 def free_port() -> int:
@@ -184,25 +169,29 @@ def apply_heartbeats(sock: zmq.Socket) -> None:
     sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
 
 
-def _setup_dealer(router: zmq.Socket, identity: str, keys_dir: str) -> None:
+def _setup_dealer(router: zmq.Socket, identity: str, keys_dir: str, role: str = PRODUCER,
+                  token: str | None = None) -> None:
     router.setsockopt(zmq.IDENTITY, identity.encode())
+    if token:  # presented in the handshake of every (re)connection, never in a message
+        router.setsockopt(zmq.METADATA, token_metadata(token))
     router.setsockopt(zmq.LINGER, 2000)
     router.setsockopt(zmq.RECONNECT_IVL, 100)
     router.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
     # a restarted buffer must not receive a flood of requests queued while it was down
     router.setsockopt(zmq.SNDHWM, 10_000)
     apply_heartbeats(router)
-    apply_client_keys(router, keys_dir)
+    apply_client_keys(router, keys_dir, role)
 
 
-def _setup_client(router: zmq.Socket, control: zmq.Socket, identity: str, keys_dir: str) -> None:
-    _setup_dealer(router, identity, keys_dir)
+def _setup_client(router: zmq.Socket, control: zmq.Socket, identity: str, keys_dir: str, role: str = PRODUCER,
+                  token: str | None = None) -> None:
+    _setup_dealer(router, identity, keys_dir, role, token)
     control.setsockopt(zmq.LINGER, 0)
     control.setsockopt(zmq.SUBSCRIBE, b"")
     control.setsockopt(zmq.RECONNECT_IVL, 100)
     control.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
     apply_heartbeats(control)
-    apply_client_keys(control, keys_dir)
+    apply_client_keys(control, keys_dir, role)
 
 
 class _HandshakeWatch:
@@ -238,16 +227,21 @@ class _HandshakeWatch:
 
 class BufferClient:
     """Blocking client of the buffer (the learner, scripts and tests). Raises SecurityError once the buffer
-    refuses its keys (see `_HandshakeWatch`); otherwise a buffer that is down just means no reply yet."""
+    refuses its keys (see `_HandshakeWatch`); otherwise a buffer that is down just means no reply yet.
 
-    def __init__(self, router_url: str, control_url: str, identity: str, keys_dir: str = "") -> None:
+    `role` picks the key pair under `keys_dir`; `token_file` is the learner token to present (read here, checked
+    to be private; a missing file presents none)."""
+
+    def __init__(self, router_url: str, control_url: str, identity: str, keys_dir: str = "", *,
+                 role: str = PRODUCER, token_file: str | os.PathLike | None = None) -> None:
         self.identity = identity
         self.router_url = router_url
-        self.keys_dir = keys_dir
+        self.keys_dir, self.role = keys_dir, role
+        self.token = read_token(token_file) if token_file else None
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.control = self.ctx.socket(zmq.SUB)
-        _setup_client(self.sock, self.control, identity, keys_dir)
+        _setup_client(self.sock, self.control, identity, keys_dir, role, self.token)
         self._watch = _HandshakeWatch(self.sock, router_url)
         self.sock.connect(router_url)
         self.control.connect(control_url)
@@ -255,14 +249,27 @@ class BufferClient:
         self._dec = protocol.Decoder(protocol.ToLearner | protocol.ToProducer)
         self._ctl = protocol.Decoder(protocol.Control)
 
+    @classmethod
+    def for_learner(cls, cfg: Config, router_url: str, control_url: str, identity: str) -> BufferClient:
+        """The learner's client: its CurveZMQ learner key with endpoints.keys_dir, else the run's learner token
+        (run_dir/learner.token, made by `reinforce-ada train`) when there is one."""
+        keys_dir = cfg.endpoints.keys_dir
+        token_file = None if keys_dir else learner_token_path(cfg.run_dir)
+        return cls(router_url, control_url, identity, keys_dir, role=LEARNER, token_file=token_file)
+
     def reconnect(self) -> None:
         """Replace the request socket, dropping what it still queues (ZeroMQ's "lazy pirate" retry): after a
         request timed out, re-sending on a fresh socket leaves one request outstanding, not a backlog that a
-        restarted buffer would answer one by one. Fire-and-forget messages queued meanwhile are dropped too."""
+        restarted buffer would answer one by one. Fire-and-forget messages queued meanwhile are dropped too.
+
+        The new socket gets a fresh identity: the buffer refuses a connection under an identity it still serves
+        (ROUTER_HANDOVER off), and it may not have seen the old connection close yet. A producer must not
+        reconnect this way (its leases are bound to its identity); the learner may (its role is its key or
+        token)."""
         self._watch.close()
         self.sock.close(linger=0)
         self.sock = self.ctx.socket(zmq.DEALER)
-        _setup_dealer(self.sock, self.identity, self.keys_dir)
+        _setup_dealer(self.sock, f"{self.identity}~{next(_reconnects)}", self.keys_dir, self.role, self.token)
         self._watch = _HandshakeWatch(self.sock, self.router_url)
         self.sock.connect(self.router_url)
 
@@ -327,12 +334,13 @@ class BufferClient:
 class AsyncBufferClient:
     """asyncio client of the buffer (the producers, which share their loop with vLLM's AsyncLLM)."""
 
-    def __init__(self, router_url: str, control_url: str, identity: str, keys_dir: str = "") -> None:
+    def __init__(self, router_url: str, control_url: str, identity: str, keys_dir: str = "", *,
+                 role: str = PRODUCER) -> None:
         self.identity = identity
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.control = self.ctx.socket(zmq.SUB)
-        _setup_client(self.sock, self.control, identity, keys_dir)
+        _setup_client(self.sock, self.control, identity, keys_dir, role)
         self._watch = _HandshakeWatch(self.sock, router_url)
         self.sock.connect(router_url)
         self.control.connect(control_url)

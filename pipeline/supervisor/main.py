@@ -60,7 +60,7 @@ def run(cfg: Config) -> int:
     t0 = time.monotonic()
     plan = plan_run(cfg)
     display = Display(RunState(cfg.run.name, cfg.learner.num_steps), sys.stdout.isatty() and cfg.run.live)
-    client = BufferClient(plan.router_url, plan.control_url, "supervisor")
+    client = BufferClient(plan.router_url, plan.control_url, "supervisor", cfg.endpoints.keys_dir)  # metrics only
     interrupts = Interrupts()
     watch = Watch(plan, display, lambda: buffer_metrics(client, 0.5), interrupts.pending)
     exit_code = 0

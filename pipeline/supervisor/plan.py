@@ -1,8 +1,13 @@
 """Stage 1 of `reinforce-ada train`: plan the run. Nothing is started here.
 
-The plan is the run directory (config.toml, logs/, commands.sh) and one Child per process with its exact
-command: the buffer, `producers.count` producers and the learner (under torchrun for several ranks). Every child
-reads the same resolved config.toml and is told only the router port; the control channel is the next port.
+The plan is the run directory (config.toml, logs/, commands.sh, learner.token) and one Child per process with
+its exact command: the buffer, `producers.count` producers and the learner (under torchrun for several ranks).
+Every child reads the same resolved config.toml and is told only the router port; the control channel is the next
+port.
+
+Without CurveZMQ keys, each run gets a fresh learner token (run_dir/learner.token, mode 0600, see pipeline/auth.py):
+the buffer and the learner find it through the run directory, so it is never on a command line, and only the
+learner can take batches, announce weights or stop the buffer. Restarted children read the same file.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.auth import create_token, learner_token_path
 from pipeline.config import Config, ConfigError, dumps_toml, key_path
 from pipeline.config.schema import DataConfig, EndpointsConfig
 from pipeline.models import resolve_model_path
@@ -99,6 +105,8 @@ def plan_run(cfg: Config) -> RunPlan:
     model_dir = resolve_model_path(cfg)
     cfg_path = run_dir / "config.toml"
     cfg_path.write_text(dumps_toml(cfg))
+    if not cfg.endpoints.keys_dir:  # with keys, the learner's key holds the role
+        create_token(learner_token_path(run_dir))
     router_port = cfg.endpoints.router_port or free_port_pair()
     children = plan_children(cfg, cfg_path, model_dir, run_dir / "logs", router_port)
     write_commands(run_dir / "commands.sh", children, os.getcwd())

@@ -1,0 +1,237 @@
+"""Who may talk to the buffer, and as what: CurveZMQ keys per role, and the learner's token on loopback.
+
+A connection to the buffer holds one of two roles. A *producer* asks for rounds and sends results and heartbeats,
+and the buffer takes its results only for rounds it leased to that very connection. The *learner* may also take
+batches, announce versions and weights, and stop the run. The buffer learns a connection's role when it connects,
+never from a message:
+- with CurveZMQ keys (endpoints.keys_dir): from the key it authenticated with. `reinforce-ada keys` makes a server
+  key and one key pair per role; `authorized/producer/` and `authorized/learner/` hold the public keys admitted in
+  each role, and the ZAP handler (`RoleAuthenticator`) gives every connection the User-Id
+  "<role>:<z85 public key>", which the buffer reads off each received frame;
+- on loopback without keys: the learner presents the run's secret token (`run_dir/learner.token`, mode 0600, made
+  by `reinforce-ada train`) as ZMTP handshake metadata (`TOKEN_PROPERTY`); every other connection is a producer.
+  Without a token file every local connection is trusted as the learner (a buffer started alone, as before).
+
+Key directory layout (`make_keys`):
+    server.key, server.key_secret          the buffer's pair (the public half goes to every machine)
+    producer.key, producer.key_secret      the producers' pair (producer machines)
+    learner.key, learner.key_secret        the learner's pair (the learner's machine only)
+    authorized/producer/*.key              public keys admitted as producers
+    authorized/learner/*.key               public keys admitted as the learner
+
+Invariants: a secret key or the token never travels in a message or on a command line; a key file or token the
+buffer cannot read fully and exactly is a startup error naming the file, never a silently empty allow-list.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import re
+import secrets
+import shutil
+import stat
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
+
+PRODUCER = "producer"
+LEARNER = "learner"
+ROLES = (PRODUCER, LEARNER)
+SERVER_KEY = "server"
+OLD_CLIENT_KEY = "client"  # the layout before roles: one client key for every role
+TOKEN_FILE = "learner.token"
+TOKEN_PROPERTY = "X-Learner-Token"  # ZMTP metadata property that carries the token (ZMQ_METADATA)
+_TOKEN_RE = re.compile(r"[0-9a-f]{32,128}")
+MAKE_KEYS = "reinforce-ada keys --out KEYS_DIR"
+
+
+class SecurityError(ValueError):
+    """A bind, connect or credential that would expose the pipeline, or that cannot be used as it is."""
+
+
+# ---------------------------------------------------------------- CurveZMQ keys
+
+
+def make_keys(keys_dir: str | os.PathLike) -> Path:
+    """Create the server pair and one pair per role under `keys_dir`, each public key admitted in its role."""
+    root = Path(keys_dir)
+    if (root / f"{OLD_CLIENT_KEY}.key_secret").exists() or (root / "authorized" / f"{OLD_CLIENT_KEY}.key").exists():
+        raise SecurityError(f"{root} holds keys of the old layout (one client key for every role): make the new "
+                            "keys in an empty directory and replace the old one on every machine")
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    umask = os.umask(0o077)  # a secret key is never readable by others, not even between its write and a chmod
+    try:
+        for name in (SERVER_KEY, *ROLES):
+            zmq.auth.create_certificates(root, name)
+            (root / f"{name}.key").chmod(0o644)
+    finally:
+        os.umask(umask)
+    for role in ROLES:
+        admitted = root / "authorized" / role
+        admitted.mkdir(parents=True, exist_ok=True)
+        shutil.copy(root / f"{role}.key", admitted / f"{role}.key")
+    return root
+
+
+def _old_layout(root: Path) -> SecurityError:
+    return SecurityError(
+        f"{root} holds CurveZMQ keys of the old layout (one client key for every role, so any producer could act "
+        f"as the learner). Make new keys with `reinforce-ada keys --out NEW_DIR` (a server key and one key per "
+        "role), give producer machines server.key and producer.key*, the learner's machine server.key and "
+        "learner.key*, and set endpoints.keys_dir = NEW_DIR everywhere")
+
+
+def load_pair(keys_dir: str | os.PathLike, name: str) -> tuple[bytes, bytes]:
+    """The (public, secret) key pair `name` ("server" or a role) from `keys_dir`; SecurityError naming the fix."""
+    root = Path(keys_dir)
+    path = root / f"{name}.key_secret"
+    if not path.is_file():
+        if (root / f"{OLD_CLIENT_KEY}.key_secret").is_file():
+            raise _old_layout(root)
+        raise SecurityError(f"missing CurveZMQ key {path}: `{MAKE_KEYS}` makes it; copy {name}.key_secret (and "
+                            "server.key) to this machine")
+    public, secret = _read_key(path, secret=True)
+    assert secret is not None
+    return public, secret
+
+
+def server_public_key(keys_dir: str | os.PathLike) -> bytes:
+    path = Path(keys_dir) / f"{SERVER_KEY}.key"
+    if not path.is_file():
+        raise SecurityError(f"missing server public key {path}; copy it from the buffer's keys_dir")
+    return _read_key(path)[0]
+
+
+def _read_key(path: Path, secret: bool = False) -> tuple[bytes, bytes | None]:
+    """A certificate's z85 keys, each checked to be a 32-byte CurveZMQ key; SecurityError naming the file."""
+    try:
+        public, secret_key = zmq.auth.load_certificate(path)
+        keys = [public, secret_key] if secret else [public]
+        if any(k is None or len(z85.decode(k)) != 32 for k in keys):
+            raise ValueError("not a 32-byte z85 key")
+    except (OSError, ValueError) as exc:
+        raise SecurityError(f"{path} is not a readable CurveZMQ {'secret' if secret else 'public'} key ({exc}); "
+                            f"replace it with one made by `{MAKE_KEYS}`") from None
+    return public, secret_key
+
+
+def authorized_keys(keys_dir: str | os.PathLike) -> dict[bytes, str]:
+    """Every admitted public key (z85) with its role, from `keys_dir/authorized/<role>/`. Any file there that is not
+    a readable public key, a key admitted in both roles, or a role without any key is a SecurityError."""
+    root = Path(keys_dir)
+    admitted_dir = root / "authorized"
+    if not admitted_dir.is_dir():
+        raise SecurityError(f"{admitted_dir} is missing: it holds the public keys of the clients admitted in each "
+                            f"role; `{MAKE_KEYS}` makes it")
+    roles: dict[bytes, str] = {}
+    for entry in sorted(admitted_dir.iterdir()):
+        if entry.name not in ROLES or not entry.is_dir():
+            if entry.suffix == ".key":
+                raise _old_layout(root)
+            raise SecurityError(f"{entry}: authorized/ holds only the folders {' and '.join(ROLES)} (public keys "
+                                "admitted in each role); move it away")
+        for path in sorted(entry.iterdir()):
+            key = _read_key(path)[0]
+            if roles.get(key, entry.name) != entry.name:
+                raise SecurityError(f"{path}: this public key is admitted as {roles[key]} too; a key holds one role")
+            roles[key] = entry.name
+    for role in ROLES:
+        if role not in roles.values():
+            raise SecurityError(f"{admitted_dir / role} admits no key, so no {role} could connect; copy "
+                                f"{role}.key there (`{MAKE_KEYS}` does)")
+    return roles
+
+
+class RoleAuthenticator(ThreadAuthenticator):
+    """pyzmq's ZAP handler (in a thread) admitting exactly the keys of `roles`, and naming every connection
+    "<role>:<z85 public key>" in its ZAP User-Id (received frames carry it as `frame.get("User-Id")`)."""
+
+    def __init__(self, ctx: zmq.Context, roles: dict[bytes, str]) -> None:
+        super().__init__(ctx)
+        self.roles = dict(roles)
+        # set directly: configure_curve(location=...) logs an unreadable key file and then admits no one
+        self.certs["*"] = dict.fromkeys(self.roles, True)
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        key = z85.encode(client_public_key)
+        return f"{self.roles[key]}:{key.decode('ascii')}"
+
+
+# ---------------------------------------------------------------- the learner token (loopback without keys)
+
+
+def learner_token_path(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / TOKEN_FILE
+
+
+def create_token(path: str | os.PathLike) -> Path:
+    """Write a fresh learner token to `path`, replacing an older one: created with O_EXCL | O_NOFOLLOW (never
+    through a file or link already there) and mode 0600."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    return path
+
+
+def read_token(path: str | os.PathLike) -> str | None:
+    """The token in `path`, or None when there is no such file. SecurityError (naming the file and the fix) for a
+    link, a file another user owns or may read, or one that holds no token."""
+    path = Path(path)
+    fix = f"delete it (`reinforce-ada train` makes a new one, `reinforce-ada keys --learner-token {path}` too)"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SecurityError(f"cannot read the learner token {path} ({exc}; a link is refused): {fix}") from None
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise SecurityError(f"the learner token {path} must be a regular file of this user with mode 0600 (it is "
+                                f"{stat.filemode(st.st_mode)}, uid {st.st_uid}): {fix}")
+        token = f.read(256).strip()
+    if not _TOKEN_RE.fullmatch(token):
+        raise SecurityError(f"{path} holds no learner token: {fix}")
+    return token
+
+
+def token_metadata(token: str) -> bytes:
+    """The ZMQ_METADATA option value that presents `token` in the handshake of every connection of a socket."""
+    return f"{TOKEN_PROPERTY}:{token}".encode()
+
+
+class ConnectionRoles:
+    """The role (and User-Id) of the connection a received frame came on; see the module docstring.
+
+    Modes: "curve" (the ZAP User-Id), "token" (the learner presents the token, everyone else is a producer),
+    "open" (loopback without a token file: everyone is trusted as the learner).
+    """
+
+    def __init__(self, curve: bool, token: str | None) -> None:
+        self.mode = "curve" if curve else "token" if token else "open"
+        self._token = token.encode() if token else b""
+
+    def of(self, frame: zmq.Frame) -> tuple[str, str]:
+        """(role, user) of `frame`'s connection; user is the ZAP User-Id under CurveZMQ, else ""."""
+        if self.mode == "open":
+            return LEARNER, ""
+        name = "User-Id" if self.mode == "curve" else TOKEN_PROPERTY
+        try:
+            value = frame.get(name)
+        except zmq.ZMQError:  # the connection carries no such property
+            return PRODUCER, ""
+        if self.mode == "curve":
+            role = value.partition(":")[0]
+            return (role if role in ROLES else PRODUCER), value
+        presented = value.encode() if isinstance(value, str) else bytes(value)
+        return (LEARNER if hmac.compare_digest(presented, self._token) else PRODUCER), ""
