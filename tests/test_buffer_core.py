@@ -111,9 +111,10 @@ def test_idle_work_requests_are_parked_then_answered_empty(tmp_path):
 
 def test_stale_weights_are_announced_and_stale_producers_get_no_rounds(tmp_path):
     core = make(tmp_path, "--buffer.max_staleness", "0", evals=[])
-    core.handle(b"l", P.VersionUpdate(2, P.WeightAnnouncement(2, "/w/2", 9)), 0.0)
+    uri = str(core.cfg.weights_dir / "v000002.safetensors")  # announced only from the run's weights directory
+    core.handle(b"l", P.VersionUpdate(2, P.WeightAnnouncement(2, uri, 9)), 0.0)
     (out,) = core.handle(b"p0", P.WorkRequest("p0", 4, 1), 0.0)
-    assert out.msg.rounds == [] and out.msg.weights.uri == "/w/2"
+    assert out.msg.rounds == [] and out.msg.weights.uri == uri
 
 
 # ---------------------------------------------------------------- evaluation and training share producers

@@ -185,7 +185,7 @@ def _service(tmp_path, resume=False, **kw):
     return BufferCore(cfg, prompts, [], now=0.0, resume=resume, **kw)
 
 
-def _submit(svc, rnd, now: float, reward=None) -> None:
+def _submit(svc, rnd, now: float, reward=None, producer: str = "p") -> None:
     import numpy as np
 
     from pipeline import protocol as P
@@ -193,8 +193,22 @@ def _submit(svc, rnd, now: float, reward=None) -> None:
     samples = [P.Sample(np.arange(3, dtype=np.int32), np.zeros(3, np.float32),
                         float(i % 2) if reward is None else reward, svc.learner_version, "stop")
                for i in range(rnd.num_samples)]
-    svc.handle(b"p", P.RoundResult("p", rnd.round_id, rnd.prompt_id, np.arange(2, dtype=np.int32), samples, 0.0),
-               now)
+    svc.handle(producer.encode(), P.RoundResult(producer, rnd.round_id, rnd.prompt_id, np.arange(2, dtype=np.int32),
+                                                samples, 0.0), now)
+
+
+def _work(svc, producer: str, n: int, now: float) -> list:
+    """Rounds for `producer`, asked for as a producer does (so they are leased to it)."""
+    from pipeline import protocol as P
+
+    (out,) = svc.handle(producer.encode(), P.WorkRequest(producer, n, svc.learner_version), now)
+    return out.msg.rounds
+
+
+def _weights(svc, version: int):
+    from pipeline import protocol as P
+
+    return P.WeightAnnouncement(version, str(svc.cfg.weights_dir / f"v{version:06d}.safetensors"), 9)
 
 
 def _drive(svc, steps: int, now: float = 0.0) -> None:
@@ -203,12 +217,12 @@ def _drive(svc, steps: int, now: float = 0.0) -> None:
 
     for _ in range(steps):
         while svc.scheduler.take_batch(svc.learner_version, 4) is None:
-            rounds = svc.scheduler.request_work("p", 8, now)
+            rounds = _work(svc, "p", 8, now)
             assert rounds, "no work and no batch"
             for rnd in rounds:
                 _submit(svc, rnd, now)
         version = svc.learner_version + 1
-        svc.handle(b"l", P.VersionUpdate(version, P.WeightAnnouncement(version, f"/w/{version}", 9)), now)
+        svc.handle(b"l", P.VersionUpdate(version, _weights(svc, version)), now)
         now += 1.0
 
 
@@ -217,26 +231,26 @@ def test_snapshot_written_after_every_version_and_resumed(tmp_path):
 
     svc = _service(tmp_path)
     _drive(svc, 3)
-    assert svc.counters["snapshots"] == 3 and svc.snapshot_path.is_file()
-    assert not list(svc.snapshot_path.parent.glob("*.tmp"))  # written via tmp + rename
+    assert svc.counters["snapshots"] == 3 and svc.snapshots.path.is_file()
+    assert not list(svc.snapshots.path.parent.glob("*.tmp"))  # written via tmp + rename
     svc.counters["malformed"] = 5
     svc.write_snapshot()
     before = svc.scheduler.metrics()
-    issued = svc.scheduler.request_work("p0", 4, 10.0)  # handed out after the snapshot: lost with the crash
+    issued = _work(svc, "p0", 4, 10.0)  # handed out after the snapshot: lost with the crash
     svc = _service(tmp_path, resume=True)
     after = svc.scheduler.metrics()
-    assert svc.resumed and svc.learner_version == 3 and svc.latest_weights.uri == "/w/3"
+    assert svc.resumed and svc.learner_version == 3 and svc.latest_weights.uri == _weights(svc, 3).uri
     assert svc.counters["malformed"] == 5 and svc.counters["resumes"] == 1
     for key in ("admitted", "released", "groups_consumed", "samples_received", "groups_waiting"):
         assert after[key] == before[key], key
-    new = svc.scheduler.request_work("p1", 4, 11.0)
+    new = _work(svc, "p1", 4, 11.0)
     assert {r.prompt_id for r in new} >= {r.prompt_id for r in issued}  # the same prompts, issued again
     assert min(r.round_id for r in new) >= max(r.round_id for r in issued) + RESUME_ROUND_ID_GAP - 8
     # a late result for a round of the crashed buffer is ignored, never credited to another prompt
-    _submit(svc, issued[0], 12.0, reward=1.0)
+    _submit(svc, issued[0], 12.0, reward=1.0, producer="p0")
     assert svc.scheduler.metrics()["results_ignored"]["late"] == 1
     for rnd in new:
-        _submit(svc, rnd, 12.0)
+        _submit(svc, rnd, 12.0, producer="p1")
     _drive(svc, 2)
     svc.scheduler.check_invariants()
     assert svc.learner_version == 5
@@ -245,7 +259,7 @@ def test_snapshot_written_after_every_version_and_resumed(tmp_path):
 def test_resume_without_a_snapshot_starts_fresh_and_a_corrupt_one_is_refused(tmp_path):
     svc = _service(tmp_path, resume=True)
     assert not svc.resumed and svc.learner_version == 0
-    path = svc.snapshot_path
+    path = svc.snapshots.path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"not a snapshot")
     with pytest.raises(ValueError, match="move it away to start fresh"):
@@ -255,7 +269,7 @@ def test_resume_without_a_snapshot_starts_fresh_and_a_corrupt_one_is_refused(tmp
 def test_snapshot_every_n_versions(tmp_path):
     svc = _service(tmp_path, snapshot_every=2)
     _drive(svc, 5)
-    assert svc.counters["snapshots"] == 2 and svc.snapshot_version == 4
+    assert svc.counters["snapshots"] == 2 and svc.snapshots.version == 4
     svc = _service(tmp_path / "off", snapshot_every=0)
     _drive(svc, 2)
-    assert svc.counters["snapshots"] == 0 and not svc.snapshot_path.exists()
+    assert svc.counters["snapshots"] == 0 and not svc.snapshots.path.exists()

@@ -16,11 +16,18 @@ while the learner waits; they take whatever training cannot use.
 Draining: a Shutdown stops the handing out of training rounds and lets the evaluations already started (the final
 one above all) finish, for at most buffer.lease_s; `finished(now)` then says to stop.
 
+Trust: each message comes with its sender's identity and connection (`Conn`: role, ZAP User-Id), learned from the
+connection, never from the message; a producer is named by its connection (peers.py). Learner-only messages from
+other roles are refused, and a result counts only from the holder of its round's lease and once its values pass
+the edge checks (checks.py).
+
 Invariants:
-- every message goes through `handle`, one dispatch (a `match` on its type), with its sender's identity;
-- a malformed or invalid message is counted (per sender), logged and dropped: it never reaches a handler;
-- every round handed out reaches the Scheduler or Evals exactly once, or is re-issued after its lease or its
-  producer dies (and an Abort names it);
+- every message goes through `handle`, one dispatch (a `match` on its type), with its sender's identity, under
+  one guard: a handler that raises is counted (`handler_errors`), logged with the sender, the message kind and
+  the state needed to debug it, and the message is dropped; nothing a message does stops the buffer;
+- a malformed, invalid or refused message is counted (per sender), logged and dropped: it never reaches a handler;
+- every round handed out reaches the Scheduler or Evals exactly once, from its lease holder and with values the
+  edge accepted, or is re-issued after its lease, its producer's death or a rejection (and an Abort names it);
 - eval.jsonl gets one row per evaluation, in version order.
 """
 
@@ -31,23 +38,20 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
+
+import msgspec
 
 from pipeline import protocol as P
+from pipeline.auth import LEARNER
 from pipeline.buffer import metrics as M
-from pipeline.buffer.checks import check_message, out_of_vocab
+from pipeline.buffer.checks import Limits, check_message, check_result, out_of_vocab, role_problem, weights_problem
 from pipeline.buffer.evals import Evals
+from pipeline.buffer.incidents import Incidents
+from pipeline.buffer.peers import IN_PROCESS, Conn, Lease, Peers, peer_name
 from pipeline.buffer.progress import ProgressLog, progress
 from pipeline.buffer.scheduler import Scheduler
-from pipeline.buffer.snapshot import (
-    RESUME_ROUND_ID_GAP,
-    SNAPSHOT_EVERY,
-    SNAPSHOT_FORMAT,
-    BufferSnapshot,
-    read_snapshot,
-    snapshot_path,
-    write_snapshot,
-)
+from pipeline.buffer.snapshot import SNAPSHOT_EVERY, Snapshots
 from pipeline.config import Config
 from pipeline.prompts import Prompt
 
@@ -55,7 +59,9 @@ log = logging.getLogger(__name__)
 
 WORK_POLL_S = 0.5  # an idle producer's WorkRequest is answered (empty) after this long
 EXPIRE_EVERY_S = 0.05  # leases are checked this often
-MAX_TRACKED_SENDERS = 1000  # per-sender rejection counts beyond this many senders go to "(other)"
+PEER_IDLE_S = 60.0  # a producer connection silent this long (and at least 4 heartbeat timeouts) is forgotten
+PEERS_EVERY_S = 1.0  # idle peers are looked for this often
+_HANDLED = get_args(P.ToBuffer)  # the kinds the buffer's decoder admits: one handler each
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +77,7 @@ class _Parked:
     identity: bytes
     msg: Any
     deadline: float
+    user: str = ""  # the connection's ZAP User-Id: the leases of the rounds it gets record it
 
 
 class BufferCore:
@@ -79,23 +86,21 @@ class BufferCore:
     def __init__(self, cfg: Config, prompts: Sequence[tuple[str, str]], eval_prompts: Sequence[Prompt], *,
                  now: float, snapshot_every: int = SNAPSHOT_EVERY, resume: bool = False,
                  vocab_size: int | None = None, wall_clock: Callable[[], float] = time.time) -> None:
-        if snapshot_every < 0:
-            raise ValueError(f"snapshot_every must be >= 0 (0 = never), got {snapshot_every}")
         if vocab_size is not None and vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1 (or None: no check), got {vocab_size}")
-        self.cfg, self.vocab_size, self.snapshot_every, self.wall_clock = cfg, vocab_size, snapshot_every, wall_clock
+        self.cfg, self.vocab_size, self.wall_clock = cfg, vocab_size, wall_clock
         self.scheduler = Scheduler(cfg.sampling, cfg.buffer, cfg.learner.batch_prompts, prompts, cfg.run.seed)
         self.counters = dict.fromkeys(M.COUNTERS, 0)
-        self.bad_senders: dict[str, dict[str, int]] = {"malformed_by_sender": {}, "rejected_by_sender": {}}
+        self.incidents = Incidents(self.counters)
+        # a sample may be ahead of a resumed buffer's version by the versions since its last snapshot
+        self.limits = Limits(cfg.buffer.max_abs_reward, cfg.producers.engine.max_model_len, max(1, snapshot_every))
+        self.peers = Peers(self._forget_peer, self.counters,
+                           idle_s=max(PEER_IDLE_S, 4 * cfg.buffer.heartbeat_timeout_s))
         self.latest_weights: P.WeightAnnouncement | None = None
-        self.producer_stats: dict[str, dict[str, float]] = {}
         self.learner_stats: dict[str, float] = {}
-        self.samples_by_producer: dict[str, int] = {}
         self.parked_work: dict[bytes, _Parked] = {}
         self.parked_batch: _Parked | None = None
-        self.snapshot_path = snapshot_path(cfg)
-        self.snapshot_info: dict[str, float] = {}
-        self.snapshot_version = 0  # learner version of the last snapshot written or restored
+        self.snapshots = Snapshots(cfg, snapshot_every, self.counters, wall_clock)
         self.last_eval: dict[str, Any] | None = None
         self.eval_log = cfg.run_dir / "eval.jsonl"
         self.eval_log.parent.mkdir(parents=True, exist_ok=True)
@@ -104,7 +109,7 @@ class BufferCore:
         self._drain_until = 0.0
         self._eval_turn = 0  # which of evaluation and training gets an odd request's extra slot
         self._last_batch_counts = (0.0, 0.0)  # (positives, samples) received at the previous Batch
-        self._last_expire = now
+        self._last_expire = self._last_peers = now
         self._outbox: list[Out] = []
         self.progress_log = ProgressLog(now)
         self.resumed = resume and self._resume(prompts)
@@ -118,19 +123,40 @@ class BufferCore:
     def learner_version(self) -> int:
         return self.scheduler.learner_version
 
+    @property
+    def producer_stats(self) -> dict[str, dict[str, float]]:
+        """Each tracked producer's last heartbeat stats (with its version and when it was seen)."""
+        return self.peers.stats
+
     # ------------------------------------------------------------ the one dispatch
 
-    def handle(self, sender: bytes, msg: Any, now: float) -> list[Out]:
-        """Act on one decoded message from the peer `sender`; returns what to send."""
+    def handle(self, sender: bytes, msg: Any, now: float, conn: Conn = IN_PROCESS) -> list[Out]:
+        """Act on one decoded message from the peer `sender`, on connection `conn`; returns what to send.
+
+        Raises TypeError only for a kind the buffer's decoder never yields (a caller's bug); whatever a message
+        makes a handler raise is counted, logged and dropped (see the module docstring)."""
+        if not isinstance(msg, _HANDLED):
+            raise TypeError(f"the buffer has no handler for {type(msg).__name__}")
+        try:
+            self._dispatch(sender, msg, now, conn)
+        except Exception as exc:  # noqa: BLE001 - the guard: no message may stop the buffer
+            self._handler_error(sender, type(msg).__name__, exc)
+        return self._flush()
+
+    def _dispatch(self, sender: bytes, msg: Any, now: float, conn: Conn) -> None:
+        problem = role_problem(msg, conn.role)
+        if problem:
+            self.incidents.bad("refused_role", sender, problem, "rejected_by_sender")
+            return
         problem = check_message(msg)
         if problem:
-            self._count_bad("invalid", sender, problem, "rejected_by_sender")
-            return self._flush()
+            self.incidents.bad("invalid", sender, problem, "rejected_by_sender")
+            return
         match msg:
             case P.WorkRequest():
-                self._on_work(sender, msg, now)
+                self._on_work(sender, msg, now, conn)
             case P.RoundResult():
-                self._on_result(sender, msg, now)
+                self._on_result(sender, msg, now, conn)
             case P.Heartbeat():
                 self._on_heartbeat(sender, msg, now)
             case P.BatchRequest():
@@ -142,28 +168,37 @@ class BufferCore:
             case P.Shutdown():
                 self._on_shutdown(sender, msg, now)
             case _:
-                raise TypeError(f"the buffer has no handler for {type(msg).__name__}")
-        return self._flush()
+                raise AssertionError(f"{type(msg).__name__} is in protocol.ToBuffer but has no case here")
 
     def malformed(self, sender: bytes, why: str) -> None:
         """A message from `sender` that could not be decoded (the socket side found out)."""
-        self._count_bad("malformed", sender, why, "malformed_by_sender")
+        self.incidents.bad("malformed", sender, why, "malformed_by_sender")
 
     def tick(self, now: float) -> list[Out]:
-        """The timers: lost rounds re-issued, parked requests answered, the progress line logged."""
+        """The timers: lost rounds re-issued, parked requests answered, idle peers forgotten, the progress line."""
+        try:
+            self._timers(now)
+        except Exception as exc:  # noqa: BLE001 - the same guard as a message's
+            self._handler_error(b"", "timer", exc)
+        return self._flush()
+
+    def _timers(self, now: float) -> None:
         if now - self._last_expire >= EXPIRE_EVERY_S:
             self._last_expire = now
             lost = self.scheduler.expire(now)
             lost += self.evals.expire(now, lambda producer: self.scheduler.is_silent(producer, now))
             if lost:
+                self.peers.release(lost)
                 self._outbox.append(Out(None, P.Abort(lost, "lease expired")))
+        if now - self._last_peers >= PEERS_EVERY_S:
+            self._last_peers = now
+            self.counters["leases_pruned"] += self.peers.expire(now)
         for parked in list(self.parked_work.values()):
             self._serve_work(parked, now)
         self._serve_batch(now)
         if self.progress_log.due(now):
             m = self.scheduler.metrics()
-            self.progress_log.report(now, m, progress(m, self.producer_stats, self.samples_by_producer))
-        return self._flush()
+            self.progress_log.report(now, m, progress(m, self.producer_stats, self.peers.samples))
 
     def stop(self, reason: str) -> None:
         """Stop at once, without draining (e.g. a time limit)."""
@@ -180,41 +215,59 @@ class BufferCore:
 
     # ------------------------------------------------------------ handlers
 
-    def _on_work(self, sender: bytes, msg: P.WorkRequest, now: float) -> None:
-        self.scheduler.heartbeat(msg.producer_id, now)
-        self.producer_stats.setdefault(msg.producer_id, {})["version"] = msg.version
-        self.parked_work[sender] = parked = _Parked(sender, msg, now + WORK_POLL_S)
+    def _on_work(self, sender: bytes, msg: P.WorkRequest, now: float, conn: Conn) -> None:
+        name = self.peers.touch(sender, now)
+        if name is None:
+            return
+        self.scheduler.heartbeat(name, now)
+        self.producer_stats.setdefault(name, {})["version"] = msg.version
+        self.parked_work[sender] = parked = _Parked(sender, msg, now + WORK_POLL_S, conn.user)
         self._serve_work(parked, now)
 
-    def _on_result(self, sender: bytes, msg: P.RoundResult, now: float) -> None:
-        self.scheduler.heartbeat(msg.producer_id, now)
-        if msg.kind == "eval" or self.evals.owns(msg.round_id):
-            if msg.kind != "eval":  # still scored: an older producer's results are not lost
-                self.counters["results_wrong_kind"] += 1
-                if self.counters["results_wrong_kind"] == 1:
-                    log.warning("%s sent eval round %d back as kind %r (scored all the same): the producer must "
-                                "echo RoundAssignment.kind in RoundResult.kind; update it", msg.producer_id,
-                                msg.round_id, msg.kind)
-            if self.evals.submit(msg.round_id, msg.samples, now) == "accepted":
-                self._count_samples(msg)
-            self._write_eval_rows()
+    def _on_result(self, sender: bytes, msg: P.RoundResult, now: float, conn: Conn) -> None:
+        name = self.peers.touch(sender, now)
+        if name is None:
             return
-        if self.vocab_size is not None:
-            problem = out_of_vocab(msg, self.vocab_size)
-            if problem:
-                self._count_bad("rejected_oov", sender, problem, "rejected_by_sender")
-                self.scheduler.reject(msg.producer_id, msg.round_id, now)  # re-issued at once
-                return
-        outcome = self.scheduler.submit_result(msg.producer_id, msg.round_id, msg.prompt_token_ids, msg.samples, now)
-        if outcome.accepted:
-            self._count_samples(msg)
+        lease = self.peers.leases.get(msg.round_id)
+        if lease is None:  # out at no producer: late, duplicate or unknown, counted where it would have gone
+            assert not self.evals.owns(msg.round_id), f"eval round {msg.round_id} is in flight without a lease"
+            if msg.kind == "eval":
+                self.evals.submit(msg.round_id, [], now)
+            else:
+                self.scheduler.reject(name, msg.round_id, now)  # not in flight: only counted as ignored
+            return
+        if not lease.held_by(sender, conn.user):
+            self.incidents.bad("results_foreign", sender, f"a result for round {msg.round_id}, which is leased to "
+                            f"{peer_name(lease.owner)}", "rejected_by_sender")
+            return
+        self.peers.release([msg.round_id])  # its holder answered: whatever follows, the lease is over
+        if msg.kind != lease.kind:  # the lease decides: an older producer's results are not lost
+            self.counters["results_wrong_kind"] += 1
+            if self.counters["results_wrong_kind"] == 1:
+                log.warning("%s sent %s round %d back as kind %r (taken as its round's kind): the producer must "
+                            "echo RoundAssignment.kind in RoundResult.kind; update it", name, lease.kind,
+                            msg.round_id, msg.kind)
+        reason, why = check_result(msg, lease, self.limits, self.learner_version, self._known_prompt(lease))
+        if not reason and self.vocab_size is not None:
+            why = out_of_vocab(msg, self.vocab_size)
+            reason = "oov" if why else ""
+        if reason:
+            self._reject(sender, name, msg.round_id, lease, reason, why, now)
+        elif lease.kind == "eval":
+            if self.evals.submit(msg.round_id, msg.samples, now) == "accepted":
+                self.peers.count_samples(name, len(msg.samples))
+            self._write_eval_rows()
+        elif self.scheduler.submit_result(name, msg.round_id, msg.prompt_token_ids, msg.samples, now).accepted:
+            self.peers.count_samples(name, len(msg.samples))
 
     def _on_heartbeat(self, sender: bytes, msg: P.Heartbeat, now: float) -> None:
-        if msg.role == "producer":
-            self.scheduler.heartbeat(msg.sender_id, now)
-            self.producer_stats[msg.sender_id] = {**msg.stats, "version": msg.version, "seen": self.wall_clock()}
-        else:
+        if msg.role == LEARNER:  # role_problem let it through: the connection is the learner's
             self.learner_stats = dict(msg.stats)
+            return
+        name = self.peers.touch(sender, now)
+        if name is not None:
+            self.scheduler.heartbeat(name, now)
+            self.producer_stats[name] = {**msg.stats, "version": msg.version, "seen": self.wall_clock()}
 
     def _on_batch_request(self, sender: bytes, msg: P.BatchRequest, now: float) -> None:
         self._set_version(msg.learner_version, now)
@@ -225,19 +278,24 @@ class BufferCore:
         # a learner re-sends its version after a timeout (the buffer may have restarted): that must not run an
         # evaluation twice or move the weights back
         new = msg.version > self.learner_version
-        if msg.weights is not None and (self.latest_weights is None or
-                                        msg.weights.version >= self.latest_weights.version):
-            self.latest_weights = msg.weights
+        weights = msg.weights
+        problem = weights_problem(weights, msg.version, self.cfg.weights_dir) if weights is not None else ""
+        if problem:  # the version still counts (the learner holds it); producers are not told to load the file
+            self.incidents.bad("weights_refused", sender, problem, "rejected_by_sender")
+            weights = None
+        if weights is not None and (self.latest_weights is None or weights.version >= self.latest_weights.version):
+            self.latest_weights = weights
         self._set_version(msg.version, now)
-        self._outbox.append(Out(None, msg))  # producers load the new weights from the announcement
+        # producers load the new weights from the announcement; nothing unchecked is passed on
+        self._outbox.append(Out(None, msgspec.structs.replace(msg, weights=weights)))
         every = self.cfg.learner.eval_every
         if new and every and (msg.version % every == 0 or msg.version == self.cfg.learner.num_steps):
             self.evals.start(msg.version, now)
-        if self.snapshot_every and self.learner_version - self.snapshot_version >= self.snapshot_every:
+        if self.snapshots.due(self.learner_version):
             self.write_snapshot()
 
     def _on_shutdown(self, sender: bytes, msg: P.Shutdown, now: float) -> None:
-        log.info("shutdown requested by %s: %s%s", sender.decode(errors="replace"), msg.reason,
+        log.info("shutdown requested by %s: %s%s", peer_name(sender), msg.reason[:200],
                  f"; waiting up to {self.cfg.buffer.lease_s:g} s for {self.evals.outstanding} evaluation(s)"
                  if self.evals.outstanding else "")
         if self.stop_reason is None:
@@ -250,24 +308,34 @@ class BufferCore:
         out, self._outbox = self._outbox, []
         return out
 
-    def _count_bad(self, counter: str, sender: bytes, why: str, by_sender: str) -> None:
-        self.counters[counter] += 1
-        name = sender.decode(errors="replace") or "?"
-        table = self.bad_senders[by_sender]
-        key = name if name in table or len(table) < MAX_TRACKED_SENDERS else "(other)"
-        table[key] = table.get(key, 0) + 1
-        count = self.counters[counter]
-        if count <= 20 or count % 1000 == 0:  # a flood of bad input must not flood the log
-            log.warning("dropped %s message #%d from %s: %s", counter, count, name, why)
+    def _reject(self, sender: bytes, name: str, round_id: int, lease: Lease, reason: str, why: str,
+                now: float) -> None:
+        """A result its holder sent with values the edge refuses: counted by reason, its round re-issued."""
+        self.incidents.bad("rejected_oov" if reason == "oov" else "rejected_values", sender, why,
+                           "rejected_by_sender", reason)
+        if lease.kind == "eval":
+            self.evals.reject(round_id)
+        else:
+            self.scheduler.reject(name, round_id, now)  # re-issued at once (the prompt given up on if it repeats)
 
-    def _count_samples(self, msg: P.RoundResult) -> None:
-        by = self.samples_by_producer
-        if msg.producer_id in by or len(by) < MAX_TRACKED_SENDERS:
-            by[msg.producer_id] = by.get(msg.producer_id, 0) + len(msg.samples)
+    def _known_prompt(self, lease: Lease) -> Any:
+        """The prompt's token ids from its earlier accepted rounds (training rounds; None otherwise)."""
+        st = self.scheduler.pools.active.get(lease.prompt_id) if lease.kind == "train" else None
+        return None if st is None else st.prompt_token_ids
+
+    def _handler_error(self, sender: bytes, kind: str, exc: Exception) -> None:
+        self.incidents.handler_error(sender, kind, exc, self.scheduler, {
+            "leases": len(self.peers.leases), "peers": len(self.peers.last_seen), "stopping": self.stop_reason})
+
+    def _forget_peer(self, identity: bytes, name: str) -> None:
+        """A producer connection let go (idle, or making room): what else is kept per producer goes with it."""
+        self.parked_work.pop(identity, None)
+        self.scheduler.forget(name)
 
     def _set_version(self, version: int, now: float) -> None:
         aborted = self.scheduler.set_learner_version(version, now)
         if aborted:
+            self.peers.release(aborted)
             self._outbox.append(Out(None, P.Abort(aborted, "samples would be stale")))
 
     def _pick_rounds(self, producer_id: str, wanted: int, now: float) -> list[P.RoundAssignment]:
@@ -290,7 +358,8 @@ class BufferCore:
         rounds: list[P.RoundAssignment] = []
         # a producer whose weights are too old would only generate samples that are evicted on arrival
         if self.learner_version - msg.version <= self.cfg.buffer.max_staleness:
-            rounds = self._pick_rounds(msg.producer_id, msg.max_rounds, now)
+            rounds = self._pick_rounds(peer_name(parked.identity), msg.max_rounds, now)
+            self.peers.lease(parked.identity, parked.user, rounds, now, self.cfg.sampling.max_new_tokens)
         latest = self.latest_weights
         stale_weights = latest if latest is not None and msg.version < latest.version else None
         if not rounds and stale_weights is None and now < parked.deadline:
@@ -328,47 +397,21 @@ class BufferCore:
         """The MetricsSnapshot's content (see metrics.py)."""
         m = self.scheduler.metrics()
         return M.snapshot_metrics(
-            m, self.counters, bad_senders=self.bad_senders, snapshot=self.snapshot_info,
+            m, self.counters, bad_senders=self.incidents.tables, snapshot=self.snapshots.info,
+            peers={"tracked": len(self.peers.last_seen), "leases": len(self.peers.leases)},
             producers=self.producer_stats, learner=self.learner_stats, last_eval=self.last_eval,
             evals_running=self.evals.in_progress(), eval_counts=self.evals.counts,
-            progress=progress(m, self.producer_stats, self.samples_by_producer),
+            progress=progress(m, self.producer_stats, self.peers.samples),
             uptime_s=now - self.started, draining=self.stop_reason is not None)
 
     def write_snapshot(self) -> bool:
         """Write the state that `--resume` restores (see snapshot.py) atomically; False if it failed."""
-        t0 = time.perf_counter()
-        snap = BufferSnapshot(SNAPSHOT_FORMAT, self.scheduler.snapshot(), self.learner_version, self.latest_weights,
-                              dict(self.counters), self.wall_clock())
-        try:
-            size = write_snapshot(self.snapshot_path, snap)
-        except OSError as exc:  # a full disk must not stop training; the previous snapshot stays valid
-            self.counters["snapshot_errors"] += 1
-            log.error("could not write the buffer snapshot %s: %s", self.snapshot_path, exc)
-            return False
-        self.counters["snapshots"] += 1
-        self.snapshot_version = self.learner_version
-        self.snapshot_info = {"version": float(self.learner_version), "bytes": float(size),
-                              "seconds": time.perf_counter() - t0}
-        return True
+        return self.snapshots.write(self.scheduler, self.latest_weights)
 
     def _resume(self, prompts: Sequence[tuple[str, str]]) -> bool:
         """Restore the last snapshot; False (a fresh start) when there is none. Raises ValueError if unusable."""
-        path = self.snapshot_path
-        snap = read_snapshot(path)
-        if snap is None:
-            log.warning("--resume: no snapshot at %s, starting fresh", path)
-            return False
-        cfg = self.cfg
-        try:
-            self.scheduler = Scheduler.restore(snap.scheduler, cfg.sampling, cfg.buffer, cfg.learner.batch_prompts,
-                                               prompts, round_id_offset=RESUME_ROUND_ID_GAP)
-        except ValueError as exc:
-            raise ValueError(f"cannot resume from {path}: {exc}") from None
-        self.latest_weights = snap.latest_weights
-        self.counters.update({k: v for k, v in snap.counters.items() if k in self.counters})
-        self.counters["resumes"] += 1
-        self.snapshot_version = self.learner_version
-        log.info("resumed from %s: learner version %d, %d prompts active, %d groups waiting (written %.0f s ago)",
-                 path, self.learner_version, self.scheduler.metrics()["active"], self.scheduler.groups_waiting,
-                 self.wall_clock() - snap.time)
-        return True
+        restored = self.snapshots.restore(prompts)
+        if restored is not None:
+            self.scheduler, snap = restored
+            self.latest_weights = snap.latest_weights
+        return restored is not None

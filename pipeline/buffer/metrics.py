@@ -4,8 +4,9 @@ metrics.jsonl, and the MetricsSnapshot that the live view and the supervisor rea
 Keys that readers rely on (keep them): in a Batch, `buffer/samples_received` (the learner tells from it whether
 producers make progress), `buffer/positive_rate_step`, `buffer/samples_per_released_group`, `eval/accuracy`,
 `eval/version`, `producers/tokens_per_s`, `producers/busy`; in a MetricsSnapshot, every Scheduler metric under
-its own name, `buffer/<counter>`, `learner_version`, `producers`, `eval` (the latest row of eval.jsonl) and
-`progress` (see progress.py).
+its own name, `buffer/<counter>`, `learner_version`, `producers`, `eval` (the latest row of eval.jsonl),
+`progress` (see progress.py), and the bad input tables `malformed_by_sender`, `rejected_by_sender` and
+`rejected_by_reason`.
 
 Nothing here changes state: callers pass what a function needs, and keep what must be remembered themselves.
 """
@@ -15,9 +16,20 @@ from __future__ import annotations
 from typing import Any
 
 COUNTERS = {  # the buffer's own counters (the Scheduler's are in scheduler.COUNTERS), reported as buffer/<name>
-    "malformed": "messages that could not be decoded (garbage, truncated, unknown kind, bad arrays)",
-    "invalid": "messages that decode but hold a value no client sends (negative counts or versions, bad kind)",
-    "rejected_oov": "training results holding a token id >= the model's vocab_size (their rounds are re-issued)",
+    "malformed": "messages that could not be decoded (garbage, truncated, unknown kind, bad arrays, too many "
+                 "frames)",
+    "invalid": "messages that decode but hold a value no client sends (negative counts or versions, bad kind, an "
+               "oversized heartbeat)",
+    "refused_role": "learner-only messages (batches, versions, shutdown) from a connection without the learner role",
+    "results_foreign": "results for a round leased to another connection (never applied)",
+    "rejected_oov": "results holding a token id >= the model's vocab_size (their rounds are re-issued)",
+    "rejected_values": "results whose values fail the edge checks (by reason in rejected_by_reason; re-issued)",
+    "weights_refused": "weight announcements outside the run's weights directory or not of their version",
+    "handler_errors": "messages (or timer runs) whose handler raised: logged with the state, dropped",
+    "peers_refused": "producer messages from a new identity while every tracked identity held a lease",
+    "peers_evicted": "idle producer identities forgotten to make room for a new one",
+    "peers_expired": "producer identities forgotten after being silent for a while without a lease",
+    "leases_pruned": "leases released long after their deadline (0 unless the buffer lost track of a round)",
     "unroutable": "replies dropped: the peer was gone or not reading",
     "eval_rounds": "evaluation rounds handed out",
     "results_wrong_kind": "results whose kind was not their round's (a producer that does not echo the kind)",
@@ -60,7 +72,8 @@ def batch_metrics(scheduler_metrics: dict[str, Any], counters: dict[str, int],
 
 
 def snapshot_metrics(scheduler_metrics: dict[str, Any], counters: dict[str, int], *, bad_senders: dict[str, Any],
-                     snapshot: dict[str, float], producers: dict[str, dict[str, float]], learner: dict[str, float],
+                     snapshot: dict[str, float], peers: dict[str, int], producers: dict[str, dict[str, float]],
+                     learner: dict[str, float],
                      last_eval: dict[str, Any] | None, evals_running: list[dict[str, int]],
                      eval_counts: dict[str, int], progress: dict[str, Any], uptime_s: float,
                      draining: bool) -> dict[str, Any]:
@@ -69,6 +82,7 @@ def snapshot_metrics(scheduler_metrics: dict[str, Any], counters: dict[str, int]
     m.update({f"buffer/{k}": v for k, v in counters.items()})
     m.update({key: dict(table) for key, table in bad_senders.items()})
     m["snapshot"] = dict(snapshot)
+    m["peers"] = dict(peers)  # producer identities tracked, leases out
     m["producers"] = producers
     m["learner"] = learner
     m["eval"] = dict(last_eval) if last_eval else {}

@@ -1,14 +1,20 @@
 """The buffer as a ZeroMQ service: `BufferCore` behind a ROUTER socket (requests and results) and a PUB socket
 (the control channel: version updates, aborts, shutdown).
 
-This module is only socket glue: bind, poll, receive, decode, hand each message with its sender's identity to
-`BufferCore.handle`, run `BufferCore.tick`, and send or publish what they return. One thread, one poll loop;
-every decision, the draining after a Shutdown included, is the core's (core.py).
+This module is only socket glue: bind, poll, receive, decode, hand each message with its sender's identity and
+connection (role and ZAP User-Id, see pipeline/auth.py) to `BufferCore.handle`, run `BufferCore.tick`, and send
+or publish what they return. One thread, one poll loop; every decision, the draining after a Shutdown included,
+is the core's (core.py).
 
 Invariants:
-- a message that cannot be decoded is counted by the core (`malformed`, per sender), logged and dropped; it never
-  stops the loop. A frame larger than buffer.max_message_bytes never reaches the loop: ZeroMQ drops the sender's
-  connection (its client reconnects by itself, losing what it had queued), and nothing is counted;
+- a message that cannot be decoded, or that has more than `max_frames` frames, is counted by the core
+  (`malformed`, per sender), logged and dropped; it never stops the loop. A frame larger than
+  buffer.max_message_bytes never reaches the loop: ZeroMQ drops the sender's connection (its client reconnects
+  by itself, losing what it had queued), and nothing is counted;
+- nothing raised while handling one message, or running the timers, ends the loop: the core's guard counts it
+  (`handler_errors`), and a last guard here catches what escapes the core (sending included);
+- a second connection under an identity the router still serves is refused (ROUTER_HANDOVER off), so nobody
+  takes over a producer's identity and its leases;
 - a reply never blocks the loop: one that cannot be queued (the peer is gone or not reading) is dropped and
   counted (`unroutable`); the rounds of a vanished producer expire with their leases;
 - the loop stops only when the core says it has finished (after a Shutdown and the final evaluation) or at
@@ -24,7 +30,10 @@ from collections.abc import Sequence
 import zmq
 
 from pipeline import protocol as P
+from pipeline.auth import learner_token_path, read_token
 from pipeline.buffer.core import BufferCore, Out
+from pipeline.buffer.incidents import log_now
+from pipeline.buffer.peers import Conn
 from pipeline.buffer.snapshot import SNAPSHOT_EVERY
 from pipeline.config import Config
 from pipeline.prompts import Prompt
@@ -34,6 +43,14 @@ log = logging.getLogger(__name__)
 
 TICK_S = 0.05  # the poll timeout: timers run at least this often
 DRAIN_LIMIT = 256  # messages handled per wake-up at most, so that a burst never starves the timers
+FRAME_SLACK = 4  # frames beyond the largest message a client sends (identity, header, prompt, 2 per sample)
+
+
+def max_frames(cfg: Config) -> int:
+    """Frames (the identity included) of the largest message a client sends: a result of the most samples a round
+    holds. A message with more is dropped as malformed before anything is decoded."""
+    samples = max(cfg.sampling.round_size, cfg.sampling.group_size, cfg.eval.k)
+    return 3 + 2 * samples + FRAME_SLACK
 
 
 class BufferService:
@@ -42,13 +59,21 @@ class BufferService:
     def __init__(self, cfg: Config, prompts: Sequence[tuple[str, str]], eval_prompts: Sequence[Prompt],
                  router_url: str | None = None, control_url: str | None = None, *,
                  snapshot_every: int = SNAPSHOT_EVERY, resume: bool = False, vocab_size: int | None = None) -> None:
-        check_bind(cfg.endpoints.host, cfg.endpoints.keys_dir)
-        # SecurityError and snapshot errors are ValueErrors, raised before any socket exists
+        keys_dir = cfg.endpoints.keys_dir
+        check_bind(cfg.endpoints.host, keys_dir)
+        # SecurityError (keys, token) and snapshot errors are ValueErrors, raised before any socket exists
+        token = None if keys_dir else read_token(learner_token_path(cfg.run_dir))
         self.core = BufferCore(cfg, prompts, eval_prompts, now=time.monotonic(), snapshot_every=snapshot_every,
                                resume=resume, vocab_size=vocab_size)
         self.cfg = cfg
+        self.max_frames = max_frames(cfg)
         self.ctx = zmq.Context()
-        self.security = ServerSecurity(self.ctx, cfg.endpoints.keys_dir)
+        self.security = ServerSecurity(self.ctx, keys_dir, token)
+        self.roles = self.security.roles
+        if self.roles.mode == "open":
+            log.warning("no learner token at %s and no CurveZMQ keys: every local client may act as the learner "
+                        "(`reinforce-ada train` makes one; so does `reinforce-ada keys --learner-token PATH`)",
+                        learner_token_path(cfg.run_dir))
         self.router = self.ctx.socket(zmq.ROUTER)
         self.pub = self.ctx.socket(zmq.PUB)
         for sock in (self.router, self.pub):
@@ -57,7 +82,7 @@ class BufferService:
             sock.setsockopt(zmq.LINGER, 500)
             sock.setsockopt(zmq.MAXMSGSIZE, cfg.buffer.max_message_bytes)  # per frame; see the module docstring
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished peer raises instead of vanishing
-        self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted client with the same identity takes over
+        # ROUTER_HANDOVER stays off: a client under an identity already connected is refused, never handed over
         try:
             self.router_url = self._bind(self.router, router_url, cfg.endpoints.router_port)
             self.control_url = self._bind(self.pub, control_url, cfg.endpoints.control_port)
@@ -92,7 +117,10 @@ class BufferService:
             now = time.monotonic()
             if self.router in events:
                 self._receive(now)
-            self._send(core.tick(now))
+            try:
+                self._send(core.tick(now))
+            except Exception:  # noqa: BLE001 - the last guard: the serving loop outlives everything
+                self._escaped(b"", "timer")
             if end is not None and now >= end and core.stop_reason is None:
                 core.stop("time limit")
             if core.finished(now):
@@ -105,16 +133,34 @@ class BufferService:
         """Hand the messages waiting on the router to the core, DRAIN_LIMIT at most."""
         for _ in range(DRAIN_LIMIT):
             try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = [self.router.recv(zmq.NOBLOCK, copy=False)]
             except zmq.Again:
                 return
+            # part by part: a message of a million tiny frames must not become a million Python objects
+            while frames[-1].more and len(frames) < self.max_frames:
+                frames.append(self.router.recv(copy=False))
             identity = bytes(frames[0].bytes)
+            if frames[-1].more:
+                while self.router.getsockopt(zmq.RCVMORE):
+                    self.router.recv()
+                self.core.malformed(identity, f"more than {self.max_frames} frames in one message")
+                continue
             try:
                 msg = self.dec.decode(frames[1:])
             except P.ProtocolError as exc:
                 self.core.malformed(identity, str(exc))
                 continue
-            self._send(self.core.handle(identity, msg, now))
+            role, user = self.roles.of(frames[0])
+            try:
+                self._send(self.core.handle(identity, msg, now, Conn(role, user)))
+            except Exception:  # noqa: BLE001 - the last guard: the serving loop outlives every message
+                self._escaped(identity, type(msg).__name__)
+
+    def _escaped(self, identity: bytes, kind: str) -> None:
+        """What escaped the core's own guard (a reply that cannot be encoded...): counted and logged."""
+        self.core.count("handler_errors")
+        if log_now(self.core.counters["handler_errors"]):
+            log.exception("dropped a %s from %r: it raised outside the core's guard", kind, identity[:80])
 
     def _send(self, outs: list[Out]) -> None:
         for out in outs:
