@@ -1,9 +1,13 @@
 """The prompts a run serves: datasets loaded, templated, and checked against the engine's context length.
 
 `build_prompts` is what the buffer serves (training prompts shuffled by the run seed, held-out prompts tagged
-with their benchmark); `eval` and `select-prompts` use `render_examples` and `fit_prompts` on their own sets.
+with their benchmark); `eval` and `select-prompts` use `load_examples`, `render_examples` and `fit_prompts` on their
+own sets, so all three read and render a dataset entry the same way (data.* keys, template, system prompt).
 
 Invariants:
+- a prompt's text comes from `render_examples` alone (a chat prompt through the tokenizer's chat template); a
+  problem the template cannot render is a PromptsError naming its file:line;
+- a Prompt carries its example's `extras` (data.extra_keys) unchanged, for reward.fn;
 - a prompt is served only if its tokens plus `sampling.max_new_tokens` fit the engine's `max_model_len` (as vLLM
   counts them: the tokenizer with its special tokens); the others are counted and left out with ONE warning
   that gives the count and the longest prompt's length (verl's `filter_overlong_prompts`), and a set of which
@@ -15,12 +19,19 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.config import Config, ConfigError
-from pipeline.data import Example, load_dataset, make_arithmetic, normalize_problem, render_prompt, validate_template
+from pipeline.data import (
+    Example,
+    load_dataset,
+    make_arithmetic,
+    normalize_problem,
+    render_prompt,
+    source_name,
+    validate_template,
+)
 from pipeline.models import effective_max_model_len, load_tokenizer, prompt_template
 
 log = logging.getLogger(__name__)
@@ -40,10 +51,12 @@ class Prompt:
     text: str
     answer: str
     benchmark: str  # the file stem ("math500") or "arithmetic"
+    extras: dict[str, Any] = field(default_factory=dict)  # keyword arguments for reward.fn (data.extra_keys)
 
 
 def benchmark_name(name: str) -> str:
-    return ARITHMETIC if name == ARITHMETIC else Path(name).stem
+    """"math500" for "data/math500.jsonl", "gsm8k" for the Hugging Face "openai/gsm8k:main@test"."""
+    return ARITHMETIC if name == ARITHMETIC else source_name(name)
 
 
 def load_examples(cfg: Config, name: str, train: bool) -> list[Example]:
@@ -53,13 +66,22 @@ def load_examples(cfg: Config, name: str, train: bool) -> list[Example]:
         if train:
             return make_arithmetic(cfg.data.num_arithmetic_train, levels, seed=cfg.run.seed + 1)
         return make_arithmetic(cfg.data.num_arithmetic_eval, levels, seed=cfg.run.seed + EVAL_SEED_OFFSET)
-    return load_dataset(name, problem_key=cfg.data.problem_key or None, answer_key=cfg.data.answer_key or None)
+    return load_dataset(name, problem_key=cfg.data.problem_key or None, answer_key=cfg.data.answer_key or None,
+                        extra_keys=cfg.data.extra_keys)
 
 
 def render_examples(cfg: Config, examples: list[Example], tokenizer: Any, benchmark: str) -> list[Prompt]:
+    """The prompts of `examples` with data.template and data.system_prompt (a chat prompt as its messages)."""
     template = prompt_template(cfg)
     validate_template(template)
-    return [Prompt(render_prompt(ex.problem, template, tokenizer), ex.answer, benchmark) for ex in examples]
+    out = []
+    for ex in examples:
+        try:
+            text = render_prompt(ex.messages or ex.problem, template, tokenizer, cfg.data.system_prompt)
+        except ValueError as exc:
+            raise PromptsError(f"{ex.source}: {exc}") from None
+        out.append(Prompt(text, ex.answer, benchmark, ex.extras))
+    return out
 
 
 def prompt_lengths(tokenizer: Any, texts: list[str]) -> list[int]:

@@ -9,6 +9,7 @@ declaration, so adding a field is a one-line change here. Checks between fields 
 from __future__ import annotations
 
 import hashlib
+import keyword
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -36,11 +37,20 @@ class DataConfig(Section):
         msgspec.field(default_factory=lambda: ["arithmetic"])
     eval_files: Annotated[list[str], Meta(description="held-out sets for accuracy during training")] = \
         msgspec.field(default_factory=lambda: ["arithmetic"])
-    problem_key: Annotated[str, Meta(description='column of the problem ("" = auto: problem, question)')] = ""
-    answer_key: Annotated[str, Meta(description='column of the answer ("" = auto: answer, final_answer, else '
-                                                'the last \\boxed{} of solution)')] = ""
+    problem_key: Annotated[str, Meta(description=(
+        'column of the problem: a string, or a list of {role, content} chat messages (verl\'s `prompt`); a dotted '
+        'path reaches into nested columns, e.g. "extra_info.question" ("" = auto: problem, question, prompt)'))] = ""
+    answer_key: Annotated[str, Meta(description=(
+        'column of the answer, or a dotted path such as "reward_model.ground_truth" ("" = auto: answer, '
+        'final_answer, reward_model.ground_truth, else the last \\boxed{} of solution)'))] = ""
+    extra_keys: Annotated[list[str], Meta(description=(
+        'columns (or dotted paths) passed with each prompt to reward.fn as keyword arguments named by their last '
+        'part: ["extra_info.tests"] -> fn(completion, answer, tests=...)'))] = []
     template: Annotated[str, Meta(description='"auto" (chat template if any, else plain), "plain", "raw", or '
                                               '"...{problem}..."')] = "auto"
+    system_prompt: Annotated[str, Meta(description=(
+        'with a chat template: a system message before each prompt that has none of its own; with "plain", "raw" '
+        'or "...{problem}...": this text and a blank line before the prompt ("" = none)'))] = ""
     shuffle: Annotated[bool, Meta(description="shuffle the training prompts once, with the run seed")] = True
     num_arithmetic_train: Annotated[int, Meta(ge=1, description="problems drawn for the built-in task")] = 4000
     num_arithmetic_eval: Annotated[int, Meta(ge=0, description="held-out problems drawn for the built-in task "
@@ -52,6 +62,36 @@ class DataConfig(Section):
     max_overlong_share: Annotated[float, Meta(ge=0, le=1, description=(
         "training prompts longer than max_model_len - max_new_tokens are left out (with a warning) while they "
         "are at most this share of the data; more is an error (a context length that does not suit the data)"))] = 0.5
+
+    def check(self) -> None:
+        names = [key.rsplit(".", 1)[-1] for key in self.extra_keys]  # the keyword each extra is passed as
+        for key, name in zip(self.extra_keys, names):
+            self.require(name.isidentifier() and not keyword.iskeyword(name) and all(key.split(".")), "extra_keys",
+                         f"{key!r} must be a column or a dotted path whose last part is a Python name (it becomes "
+                         "the keyword argument of reward.fn)")
+            self.require(name not in ("completion", "answer"), "extra_keys",
+                         f"{key!r} would be passed as {name!r}, which reward.fn already takes positionally; rename "
+                         "the column")
+            self.require(names.count(name) == 1, "extra_keys",
+                         f"two entries end in {name!r}: each is passed as a keyword argument, so names must differ")
+
+
+class RewardConfig(Section):
+    """The reward: `fn(completion: str, answer: str, **extras) -> float`, called in each producer's reward workers
+    (producers.reward_workers of them, producers.reward_timeout_s per sample: a sample that hangs or raises scores
+    0.0 and is counted). Rewards may be continuous: sampling.positive_threshold decides positive and negative
+    for the exit rule and the downsampling; advantages use the rewards themselves."""
+
+    fn: Annotated[str, Meta(description=(
+        '"package.module:function", imported at start (an error names this key); built in: '
+        'pipeline.rewards.math:verify (math-verify, 1.0/0.0), pipeline.rewards.match:exact_match (normalised '
+        'string), pipeline.rewards.code:unit_tests (runs extras `tests` against the last ```python block)'))] = \
+        "pipeline.rewards.math:verify"
+
+    def check(self) -> None:
+        module, sep, name = self.fn.partition(":")
+        self.require(bool(sep) and all(p.isidentifier() for p in module.split(".")) and name.isidentifier(), "fn",
+                     f"{self.fn!r} must be \"package.module:function\", e.g. \"pipeline.rewards.math:verify\"")
 
 
 class SamplingConfig(Section):
@@ -65,7 +105,9 @@ class SamplingConfig(Section):
     exit_rule: Annotated[Literal["balance", "pos", "fixed"], Meta(description=(
         'when a prompt stops sampling: "balance" (n/2 positives and n - n/2 negatives), "pos" (one positive), '
         '"fixed" (GRPO: one round of n samples)'))] = "balance"
-    positive_threshold: Annotated[float, Meta(description="a sample is positive when its reward exceeds this")] = 0.5
+    positive_threshold: Annotated[float, Meta(description="a sample is positive when its reward exceeds this (for "
+                                                          "the exit rule and downsampling; rewards may be "
+                                                          "continuous)")] = 0.5
     temperature: Annotated[float, Meta(gt=0, description="sampling temperature; the learner computes log-probs at "
                                                          "the same one (greedy has none it can match)")] = 1.0
     top_p: Annotated[float, Meta(gt=0, le=1, description="nucleus sampling; < 1 renormalises the engine's "
@@ -174,9 +216,10 @@ class ProducersConfig(Section):
 
     count: Annotated[int, Meta(ge=0, description="producer processes (0: start producers yourself)")] = 1
     max_rounds: Annotated[int, Meta(ge=1, description="rounds a producer asks for at most at once")] = 64
-    reward_workers: Annotated[int, Meta(ge=0, description="math-verify worker processes per producer (0 = score "
-                                                          "inline)")] = 1
-    reward_timeout_s: Annotated[float, Meta(gt=0, description="per-sample verification time limit")] = 5.0
+    reward_workers: Annotated[int, Meta(ge=0, description="reward worker processes per producer, each calling "
+                                                          "reward.fn (0 = score inline)")] = 1
+    reward_timeout_s: Annotated[float, Meta(gt=0, description="per-sample time limit of reward.fn (a sample past "
+                                                              "it scores 0.0)")] = 5.0
     devices: Annotated[list[str], Meta(description='CUDA_VISIBLE_DEVICES per producer, e.g. ["0", "1"] (empty: '
                                                    'inherit)')] = []
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
@@ -238,6 +281,7 @@ class Config(Section):
 
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     data: DataConfig = msgspec.field(default_factory=DataConfig)
+    reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
     sampling: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
     buffer: BufferConfig = msgspec.field(default_factory=BufferConfig)
     learner: LearnerConfig = msgspec.field(default_factory=LearnerConfig)
