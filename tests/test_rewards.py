@@ -28,17 +28,24 @@ def boxed(answer: str) -> str:
 # ---- test doubles for the pool (top-level so spawned workers can unpickle them) ----
 
 
-def slow_score(completion: str, answer: str, timeout_s: float) -> float:
+def slow_score(completion: str, answer: str, **extras) -> float:
     """Scores like math_reward, except "hang:<file>" touches <file> and then sleeps, ignoring timers."""
     if completion.startswith("hang:"):
         Path(completion[5:]).touch()
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # like C code that never checks signals
         time.sleep(120)
-    return math_reward(completion, answer, timeout_s)
+    return math_reward(completion, answer)
 
 
-def always_crash(completion: str, answer: str, timeout_s: float) -> float:
+def always_crash(completion: str, answer: str, **extras) -> float:
+    os._exit(3)
+
+
+def _crash_now() -> None:
     os._exit(3)  # dies during warm-up, before it can say "ready"
+
+
+always_crash.warmup = _crash_now
 
 
 # ---- math_reward inline ----
@@ -172,7 +179,7 @@ def test_pool_bad_inputs_and_megabytes(pool):
 
 @pytest.mark.slow
 def test_pool_survives_a_hung_and_a_killed_worker(tmp_path):
-    with RewardPool(num_workers=1, timeout_s=1.0, score_fn=slow_score) as p:
+    with RewardPool(num_workers=1, timeout_s=1.0, fn=slow_score) as p:
         assert p.wait_ready(60)
         # hung past the time limit: 0.0 after timeout_s + grace, the worker is replaced
         pid = p.worker_pids()[0]
@@ -195,7 +202,7 @@ def test_pool_survives_a_hung_and_a_killed_worker(tmp_path):
 
 @pytest.mark.slow
 def test_pool_close_and_broken_workers():
-    p = RewardPool(num_workers=1, timeout_s=1.0, score_fn=always_crash)
+    p = RewardPool(num_workers=1, timeout_s=1.0, fn=always_crash)
     fut = p.submit("1", "1")
     with pytest.raises(RuntimeError, match="died while starting"):
         fut.result(60)

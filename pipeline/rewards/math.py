@@ -1,0 +1,73 @@
+"""The built-in math reward: 1.0 or 0.0 from math-verify (`reward.fn = "pipeline.rewards.math:verify"`).
+
+`verify` is the reward function the pool calls (unguarded: the pool's workers limit its time); `math_reward`
+is the same score with its own time limit, for callers outside a pool (any thread).
+
+Invariants: `math_reward` never raises, and returns within its time limit unless it is stuck in C code that
+never returns to Python (then only a pool worker can be stopped: it is killed).
+
+Why the care: math-verify bounds its own work with `signal.alarm`, which only works in the main thread and only
+in whole seconds. Its timers are switched off here (`parsing_timeout=None`, `timeout_seconds=None`) and one
+`setitimer` deadline around the whole call replaces them (`guard.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import math_verify
+import math_verify.grader
+import math_verify.parser
+
+from pipeline.data import last_boxed
+from pipeline.rewards.pool import score_guarded
+
+TAIL_CHARS = 8000  # only the tail of a completion is searched for its answer: bounds the time on huge ones
+
+# math-verify warns once that its own timers are off; ours replace them, so the warning is noise
+math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(answer: str) -> tuple:
+    # boxing takes the whole answer as one expression, whatever `$` or text it contains
+    text = answer if last_boxed(answer) is not None else "\\boxed{" + answer + "}"
+    return tuple(math_verify.parse(text, parsing_timeout=None))
+
+
+def verify(completion: str, answer: str) -> float:
+    """1.0 if `completion`'s final answer equals the gold `answer` by math-verify, else 0.0 (no time limit).
+
+    The gold answer is parsed as `\\boxed{answer}`. The prediction is the last complete \\boxed{} of the
+    completion's tail (its last TAIL_CHARS = 8000 characters, where the final answer is; earlier text is
+    ignored so a 1 MB completion costs no more than an 8 kB one); without a box, math-verify reads the tail
+    itself (so a plain "46" scores). A gold answer math-verify cannot read is compared as text with the box.
+    """
+    if not (isinstance(completion, str) and isinstance(answer, str)):
+        return 0.0
+    answer = answer.strip()
+    if not answer or not completion:
+        return 0.0
+    tail = completion[-TAIL_CHARS:]
+    boxed = last_boxed(tail)
+    pred_text = tail if boxed is None else "\\boxed{" + boxed + "}"
+    gold = list(_parse_gold(answer))
+    if not gold:  # math-verify cannot read the gold answer: fall back to comparing the text
+        return float(boxed is not None and "".join(boxed.split()) == "".join(answer.split()))
+    pred = math_verify.parse(pred_text, parsing_timeout=None)
+    return float(bool(pred) and math_verify.verify(gold, pred, timeout_seconds=None))
+
+
+# a worker imports sympy's parsers on this first call, before any deadline runs
+verify.warmup = functools.partial(verify, "\\boxed{1}", "1")  # type: ignore[attr-defined]
+
+
+def math_reward(completion: str, answer: str, timeout_s: float = 5.0) -> float:
+    """`verify` limited to `timeout_s` seconds; errors and timeouts give 0.0. Never raises.
+
+    In the main thread a SIGALRM timer limits the call; from another thread it runs in a worker process.
+    """
+    if not (isinstance(completion, str) and isinstance(answer, str) and isinstance(timeout_s, (int, float))):
+        return 0.0
+    return score_guarded(verify, completion, answer, timeout_s)
