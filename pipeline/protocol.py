@@ -60,6 +60,7 @@ class WorkRequest(_Msg):
     producer_id: str
     max_rounds: int
     version: int  # the weight version the producer's engine holds now
+    max_samples: int = 0  # samples the engine has room for (rounds vary in size); 0 = count only rounds
 
 
 ROUND_KINDS = ("train", "eval")  # RoundAssignment.kind / RoundResult.kind
@@ -223,14 +224,39 @@ class Ack(_Msg):
     error: str = ""
 
 
+class RoundSamples(_Msg):
+    """Samples of one training round that finished since the producer's last flush, and what it aborted of it."""
+
+    round_id: int
+    prompt_id: int
+    prompt_token_ids: np.ndarray  # int32 [P]: in the round's first part; may be empty in later ones
+    indices: list[int]  # each sample's index in its round, 0 .. num_samples - 1
+    samples: list[Sample]
+    num_aborted: int = 0  # samples of the round the producer aborted (cut, stale or shut down)
+    aborted_tokens: int = 0  # tokens those had generated (wasted)
+
+    def __post_init__(self) -> None:
+        _check_array("prompt_token_ids", self.prompt_token_ids, (np.dtype(np.int32),), ndim=1)
+        if len(self.indices) != len(self.samples):
+            raise ProtocolError(f"{len(self.indices)} sample indices for {len(self.samples)} samples")
+
+
+class SampleResults(_Msg):
+    """Producer -> buffer: training samples as they finish, batched per flush (every few ms), of any rounds."""
+
+    producer_id: str
+    rounds: list[RoundSamples]
+
+
 # What each socket receives: one decoder per socket.
-ToBuffer = Union[WorkRequest, RoundResult, Heartbeat, BatchRequest, VersionUpdate, MetricsRequest, Shutdown]
+ToBuffer = Union[WorkRequest, RoundResult, Heartbeat, BatchRequest, VersionUpdate, MetricsRequest, Shutdown,
+                 SampleResults]
 ToProducer = Union[Assignments, Ack, MetricsSnapshot]
 ToLearner = Union[Batch, Ack, MetricsSnapshot]
 Control = Union[VersionUpdate, Abort, Shutdown]
 AnyMessage = Union[
     WorkRequest, Assignments, RoundResult, Heartbeat, BatchRequest, Batch, VersionUpdate, Abort, Shutdown,
-    MetricsRequest, MetricsSnapshot, Ack,
+    MetricsRequest, MetricsSnapshot, Ack, SampleResults,
 ]
 
 
