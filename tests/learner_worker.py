@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # torchrun runs this file by path
@@ -198,3 +199,6 @@ if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     model_dir, groups_file, out_dir, steps = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
     run_setups(model_dir, groups_file, out_dir, steps, sys.argv[5:])
+    if dist.is_initialized():  # a rank that exits with gloo work in flight aborts (SIGABRT) at teardown
+        dist.barrier()
+        dist.destroy_process_group()

@@ -294,11 +294,16 @@ def test_rank_messages_reach_every_rank(groups, tmp_path):
 
 
 def _torchrun(tiny, gfile, out_dir, *setups):
+    """learner_worker.py's setups on two ranks, 2 steps each."""
+    return _torchrun2(str(ROOT / "tests" / "learner_worker.py"), str(tiny), str(gfile), str(out_dir), "2", *setups)
+
+
+def _torchrun2(*args: str) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node 2 ARGS`, one CPU thread per rank."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    return subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()),
-                           str(ROOT / "tests" / "learner_worker.py"), str(tiny), str(gfile), str(out_dir), "2",
-                           *setups], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()), *args], env=env,
+                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow
@@ -440,6 +445,29 @@ def test_main_keeps_waiting_while_producers_make_progress(tiny, groups, tmp_path
     assert rc == 0, capsys.readouterr().err
     requests = [m for m in buf.received if isinstance(m, P.BatchRequest)]
     assert len(requests) > 5 and "step 1 | reward 0.50 | kept 4/4" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_main_under_torchrun_shares_batches_and_errors_with_every_rank(tiny, groups, tmp_path):
+    """Two learner ranks: rank 0 fetches, both train on the same batches; a timeout ends both with the error."""
+    buf = ScriptedBuffer([groups, groups[:2]])
+    try:
+        ok = _torchrun2("-m", "pipeline.consumer.main",
+                        *_main_args(tiny, tmp_path / "ok", buf.port, "--learner.num_steps", "2"))
+    finally:
+        buf.close()
+    assert ok.returncode == 0, ok.stderr[-4000:]
+    assert "step 1 | reward 0.50 | kept 4/4" in ok.stdout and "step 2 | reward 0.50 | kept 2/4" in ok.stdout
+    assert [m.version for m in buf.received if isinstance(m, P.VersionUpdate)] == [0, 1, 2]
+
+    buf = ScriptedBuffer([])
+    try:
+        err = _torchrun2("-m", "pipeline.consumer.main",
+                         *_main_args(tiny, tmp_path / "err", buf.port, "--learner.batch_timeout_s", "2"))
+    finally:
+        buf.close()
+    assert err.returncode == 1
+    assert err.stderr.count("learner error: no batch arrived for 2 s (learner.batch_timeout_s)") == 2  # both ranks
 
 
 def test_main_reports_config_errors(capsys):
