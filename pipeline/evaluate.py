@@ -9,36 +9,43 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline.models import effective_max_model_len, load_tokenizer
+from pipeline.prompts import benchmark_name, fit_prompts, load_examples, render_examples
+
 
 def evaluate(cfg, model_dir: str, files: list[str], k: int, temperature: float, max_new_tokens: int,
              limit: int = 0) -> dict:
-    """{"benchmarks": {name: {"problems", "ave_at_k"}}, "weighted_ave_at_k", ...} for `model_dir`."""
-    from pipeline.data import load_dataset, make_arithmetic, render_prompt
-    from pipeline.models import load_tokenizer_if_needed, prompt_template
-    from pipeline.offline import make_llm, sample_and_score
+    """{"benchmarks": {name: {"problems", "ave_at_k"}}, "weighted_ave_at_k", ...} for `model_dir`.
 
-    template = prompt_template(cfg)
-    tokenizer = load_tokenizer_if_needed(cfg, model_dir)
+    Each entry of `files` is read and rendered as the buffer does for data.eval_files (data.* keys, template,
+    system prompt; "arithmetic" = the built-in task) and scored by reward.fn with the prompts' extras."""
+    from pipeline.offline import make_llm, sample_and_score
+    from pipeline.rewards import check_reward_config
+
+    check_reward_config(cfg)
+    tokenizer = load_tokenizer(cfg, model_dir)
+    max_len = effective_max_model_len(cfg, model_dir)
     sets = {}
     for f in files:
-        examples = make_arithmetic(cfg.data.num_arithmetic_eval, tuple(cfg.data.arithmetic_levels),
-                                   seed=cfg.run.seed + 1_000_003) if f == "arithmetic" else load_dataset(f)
-        sets[Path(f).stem] = examples[:limit] if limit else examples
+        examples = load_examples(cfg, f, train=False)
+        name = benchmark_name(f)
+        rendered = render_examples(cfg, examples[:limit] if limit else examples, tokenizer, name)
+        sets[name] = fit_prompts(rendered, tokenizer, max_len, max_new_tokens, name)
     llm = make_llm(cfg, model_dir)
     result: dict = {"model": model_dir, "k": k, "temperature": temperature, "benchmarks": {}}
     total, weighted = 0, 0.0
-    for name, examples in sets.items():
+    for name, prompts in sets.items():
         t0 = time.monotonic()
-        prompts = [render_prompt(ex.problem, template, tokenizer) for ex in examples]
-        rewards = sample_and_score(llm, prompts, [ex.answer for ex in examples], k, temperature, 1.0,
+        rewards = sample_and_score(llm, [p.text for p in prompts], [p.answer for p in prompts], k, temperature, 1.0,
                                    max_new_tokens, cfg.run.seed, cfg.producers.reward_workers,
-                                   cfg.producers.reward_timeout_s)
+                                   cfg.producers.reward_timeout_s, reward_fn=cfg.reward.fn,
+                                   extras=[p.extras for p in prompts])
         per_problem = [sum(r) / k for r in rewards]
         ave = sum(per_problem) / max(1, len(per_problem))
-        result["benchmarks"][name] = {"problems": len(examples), "ave_at_k": ave,
+        result["benchmarks"][name] = {"problems": len(prompts), "ave_at_k": ave,
                                       "seconds": time.monotonic() - t0}
-        total += len(examples)
-        weighted += ave * len(examples)
+        total += len(prompts)
+        weighted += ave * len(prompts)
     result["weighted_ave_at_k"] = weighted / max(1, total)
     result["problems"] = total
     return result
@@ -61,15 +68,18 @@ def print_table(result: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="reinforce-ada eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="model directory (or \"tiny\")")
-    parser.add_argument("--data", nargs="+", required=True, help="JSONL/Parquet benchmark files (or \"arithmetic\")")
+    parser.add_argument("--data", nargs="+", required=True,
+                        help="benchmarks: JSONL/Parquet files, Hugging Face dataset directories or names, or "
+                             "\"arithmetic\" (read with the config's data.* keys)")
     parser.add_argument("--k", type=int, default=32, help="samples per problem (default 32)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=0, help="default: sampling.max_new_tokens")
     parser.add_argument("--limit", type=int, default=0, help="first N problems of each file (0 = all)")
-    parser.add_argument("--config", help="TOML config for the engine, template and reward settings")
+    parser.add_argument("--config", help="TOML config for the engine, data keys, template and reward settings")
     parser.add_argument("--out", help="write the JSON result here too")
     args, overrides = parser.parse_known_args(argv)
     from pipeline.config import ConfigError, load_config
+    from pipeline.data import DatasetError, check_source
     from pipeline.models import resolve_model_path
 
     try:
@@ -78,13 +88,16 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, ["--model.path", args.model] + overrides)
         model_dir = resolve_model_path(cfg)
         for f in args.data:
-            if f != "arithmetic" and not Path(f).is_file():
-                raise ConfigError(f"--data {f}: no such file")
-    except ConfigError as exc:
+            if f != "arithmetic":
+                try:
+                    check_source(f)
+                except FileNotFoundError:
+                    raise ConfigError(f"--data {f}: no such file or directory") from None
+        result = evaluate(cfg, model_dir, args.data, args.k, args.temperature,
+                          args.max_new_tokens or cfg.sampling.max_new_tokens, args.limit)
+    except (ConfigError, DatasetError) as exc:
         print(f"eval: {exc}", file=sys.stderr)
         return 2
-    result = evaluate(cfg, model_dir, args.data, args.k, args.temperature,
-                      args.max_new_tokens or cfg.sampling.max_new_tokens, args.limit)
     print_table(result)
     text = json.dumps(result, indent=2)
     print(text)

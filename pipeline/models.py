@@ -46,15 +46,6 @@ def prompt_template(cfg: Config) -> str:
     return cfg.data.template
 
 
-def load_tokenizer_if_needed(cfg: Config, model_dir: str):
-    """The tokenizer when the template needs its chat template, else None (saves loading transformers)."""
-    if prompt_template(cfg) != "auto":
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tokenizer_path(cfg, model_dir))
-
-
 def load_tokenizer(cfg: Config, model_dir: str) -> Any:
     """The run's tokenizer, or None when the directory holds none (a scripted run without a model).
 

@@ -1,10 +1,12 @@
-"""Offline sampling with vLLM's `LLM` for evaluation and prompt selection: k samples per prompt, scored."""
+"""Offline sampling with vLLM's `LLM` for evaluation and prompt selection: k samples per prompt, scored by
+reward.fn in a reward pool (the same one the producers use)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from pipeline.config import Config
+from pipeline.rewards import DEFAULT_REWARD_FN, RewardPool
 
 
 def make_llm(cfg: Config, model_dir: str) -> Any:
@@ -23,19 +25,22 @@ def make_llm(cfg: Config, model_dir: str) -> Any:
 
 
 def sample_and_score(llm: Any, prompts: list[str], answers: list[str], k: int, temperature: float, top_p: float,
-                     max_new_tokens: int, seed: int, reward_workers: int, reward_timeout_s: float) -> list[list[float]]:
-    """For each prompt, the 0/1 rewards of its `k` samples at `temperature` (math-verify against its answer)."""
+                     max_new_tokens: int, seed: int, reward_workers: int, reward_timeout_s: float, *,
+                     reward_fn: str = DEFAULT_REWARD_FN, extras: list[dict] | None = None) -> list[list[float]]:
+    """For each prompt, the rewards of its `k` samples at `temperature`: `reward_fn` (reward.fn; default
+    math-verify) against its answer, with the prompt's `extras` (data.extra_keys) as keyword arguments."""
     from vllm import SamplingParams
-
-    from pipeline.rewards import RewardPool
 
     params = SamplingParams(n=k, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed)
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    texts, golds = [], []
-    for out, answer in zip(outputs, answers):
+    per_prompt = extras if extras is not None else [{}] * len(prompts)
+    texts, golds, kwargs = [], [], []
+    for out, answer, extra in zip(outputs, answers, per_prompt):
         for comp in out.outputs:
             texts.append(comp.text)
             golds.append(answer)
-    with RewardPool(reward_workers, reward_timeout_s) as pool:
-        flat = pool.score(texts, golds)
+            kwargs.append(extra)
+    names = sorted({name for extra in per_prompt for name in extra})
+    with RewardPool(reward_workers, reward_timeout_s, reward_fn, extra_names=names) as pool:
+        flat = pool.score(texts, golds, kwargs)
     return [flat[i * k:(i + 1) * k] for i in range(len(prompts))]

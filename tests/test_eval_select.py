@@ -57,3 +57,56 @@ def test_select_prompts_keeps_the_pass_rate_window(tmp_path, tiny_model_dir):
 def test_eval_rejects_a_missing_file():
     proc = _cli("eval", "--model", "tiny", "--data", "/nonexistent.jsonl", timeout=60)
     assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
+def _verl_parquet(path: Path, examples) -> list[dict]:
+    """The examples as rows of verl's format (a chat-message prompt, reward_model.ground_truth, extra_info)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"data_source": "arithmetic", "prompt": [{"role": "user", "content": ex.problem}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": ex.answer},
+             "extra_info": {"index": i, "aliases": [f"{ex.answer}."]}} for i, ex in enumerate(examples)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return rows
+
+
+def test_eval_reads_verl_rows_like_plain_ones_and_scores_with_reward_fn(tmp_path, tiny_model_dir):
+    """A chat-message prompt renders as the same problem does (one rendering path), and reward.fn with its extras
+    scores the samples: the two files get the same Ave@k."""
+    examples = make_arithmetic(30, levels=(2,), seed=7)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps({"problem": ex.problem, "answer": ex.answer,
+                                         "extra_info": {"aliases": [f"{ex.answer}."]}}) + "\n" for ex in examples))
+    _verl_parquet(tmp_path / "verl.parquet", examples)
+    out = tmp_path / "eval.json"
+    proc = _cli("eval", "--model", "tiny", "--data", str(plain), str(tmp_path / "verl.parquet"), "--k", "4",
+                "--out", str(out), "--producers.engine.max_model_len", "64", "--sampling.max_new_tokens", "8",
+                "--reward.fn", "pipeline.rewards.match:exact_match", "--data.extra_keys", '["extra_info.aliases"]')
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    bench = json.loads(out.read_text())["benchmarks"]
+    assert bench["plain"]["problems"] == bench["verl"]["problems"] == 30
+    assert 0.05 < bench["verl"]["ave_at_k"] < 0.8
+    assert bench["verl"]["ave_at_k"] == bench["plain"]["ave_at_k"]
+
+
+def test_select_prompts_writes_the_input_rows_back(tmp_path, tiny_model_dir):
+    from pipeline.data import load_dataset
+
+    rows = _verl_parquet(tmp_path / "verl.parquet", make_arithmetic(20, levels=(1, 2), seed=5))
+    out = tmp_path / "selected.jsonl"
+    args = ["select-prompts", "--model", "tiny", "--data", str(tmp_path / "verl.parquet"), "--out", str(out),
+            "--samples", "4", "--min-rate", "0", "--max-rate", "1", "--producers.engine.max_model_len", "64",
+            "--sampling.max_new_tokens", "8", "--data.extra_keys", '["extra_info.aliases"]']
+    proc = _cli(*args, timeout=60)  # math-verify takes no extras: an error before any engine starts
+    assert proc.returncode == 2 and "reward.fn: pipeline.rewards.math:verify cannot be called" in proc.stderr
+    proc = _cli(*args, "--reward.fn", "pipeline.rewards.match:exact_match")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [{k: v for k, v in r.items() if k not in ("pass_rate", "source")} for r in kept] == rows
+    assert [r["source"] for r in kept] == [f"verl.parquet:{i}" for i in range(1, 21)]
+    assert all(r["pass_rate"] in (0, 0.25, 0.5, 0.75, 1) for r in kept)
+    assert 0 < sum(r["pass_rate"] for r in kept) < 20
+    again = load_dataset(out, extra_keys=["extra_info.aliases"])  # the same keys read the selection
+    assert [ex.extras for ex in again] == [{"aliases": r["extra_info"]["aliases"]} for r in rows]
+    assert again[0].messages == tuple(rows[0]["prompt"])
