@@ -20,7 +20,9 @@ import zmq
 from learner_worker import load_groups, make_cfg, make_groups, make_tiny_model, poison, run_setups, save_groups
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from bench.scripted import buffer_command, scripted_command, start, wait_for_buffer
 from pipeline import protocol as P
+from pipeline.auth import create_token, learner_token_path
 from pipeline.consumer import batching
 from pipeline.consumer import model as model_mod
 from pipeline.consumer.backends import LearnerBackend, make_backend
@@ -468,6 +470,28 @@ def test_main_under_torchrun_shares_batches_and_errors_with_every_rank(tiny, gro
         buf.close()
     assert err.returncode == 1
     assert err.stderr.count("learner error: no batch arrived for 2 s (learner.batch_timeout_s)") == 2  # both ranks
+
+
+@pytest.mark.slow
+def test_main_trains_against_the_real_buffer_with_its_learner_token(tiny, tmp_path, procs, capsys):
+    """The real buffer (learner-only requests need the run's token) and two scripted producers: the learner
+    presents the token, trains two steps on released groups and logs the buffer's counters with them."""
+    create_token(learner_token_path(tmp_path / "r"))
+    port = free_port_pair()
+    buf = start(buffer_command(port, tmp_path, "--run.name", "r", "--sampling.max_new_tokens", "8", batch=4),
+                tmp_path / "buffer.log")
+    procs.append(buf)
+    wait_for_buffer(port, proc=buf)
+    for i in range(2):
+        procs.append(start(scripted_command("producer", port, "--id", f"p{i}", "--round-seconds", "0.2",
+                                            "--tokens", "8"), tmp_path / f"p{i}.log"))
+    rc = main(_main_args(tiny, tmp_path, port, "--learner.num_steps", "2", "--learner.mini_batches", "1",
+                         "--learner.batch_timeout_s", "60"))
+    assert rc == 0, capsys.readouterr().err
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["num_groups"] == 4 for r in rows)
+    assert rows[1]["buffer/samples_received"] > rows[0]["buffer/samples_received"] > 0
+    assert buf.wait(30) == 0  # the learner's Shutdown (a learner-only message) was accepted
 
 
 def test_main_reports_config_errors(capsys):

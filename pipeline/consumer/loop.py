@@ -78,7 +78,7 @@ def run(cfg: Config, connect: str | None = None, resume: bool = False) -> int:
         else:
             router_url, control_url = parse_connect(f"{cfg.endpoints.host}:{cfg.endpoints.router_port}",
                                                     cfg.endpoints.control_port)
-        client = BufferClient(router_url, control_url, learner_id, cfg.endpoints.keys_dir)
+        client = BufferClient.for_learner(cfg, router_url, control_url, learner_id)  # the learner's key or token
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
     if resume:
         _continue_versions(learner, client)
