@@ -20,7 +20,7 @@ import math_verify.grader
 import math_verify.parser
 
 from pipeline.data import last_boxed
-from pipeline.rewards.pool import score_guarded
+from pipeline.rewards.calls import score_guarded
 
 TAIL_CHARS = 8000  # only the tail of a completion is searched for its answer: bounds the time on huge ones
 

@@ -15,13 +15,10 @@ thread; from other threads (signals cannot reach them) it uses one worker proces
 from __future__ import annotations
 
 import asyncio
-import atexit
 import collections
 import logging
 import multiprocessing as mp
 import multiprocessing.connection as mpc
-import os
-import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -31,36 +28,13 @@ from typing import Any, Self
 from pipeline.config import Config
 from pipeline.data import extra_name
 from pipeline.rewards import guard
-from pipeline.rewards.base import DEFAULT_REWARD_FN, RewardFn, check_signature, describe, load_reward_fn
+from pipeline.rewards.base import DEFAULT_REWARD_FN, check_signature, describe, load_reward_fn
+from pipeline.rewards.worker import FnRef, Worker
 
 log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 120.0  # a worker must import the reward function, warm up and say "ready" within this
 MAX_STARTUP_FAILURES = 3  # workers dying before "ready" this many times in a row break the pool
-
-FnRef = str | RewardFn  # "module:function" (imported again in each worker) or a picklable top-level function
-
-
-def _worker_main(conn, fn_ref: FnRef) -> None:
-    """A worker process: import the function, warm up, say "ready", then score (completion, answer, extras,
-    timeout_s) tasks, answering each with an Outcome."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
-    fn = load_reward_fn(fn_ref) if isinstance(fn_ref, str) else fn_ref
-    warmup = getattr(fn, "warmup", None)
-    if warmup is not None:
-        warmup()
-    conn.send("ready")
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, OSError):  # the parent is gone
-            return
-        if task is None:  # skip interpreter teardown: nothing to flush, and unloading sympy takes ~1 s
-            conn.close()
-            os._exit(0)
-        completion, answer, extras, timeout_s = task
-        conn.send(guard.call_with_deadline(fn, timeout_s, completion, answer, extras))
-
 
 def _check_lengths(completions: Sequence[str], answers: Sequence[str], extras: Sequence | None) -> None:
     if len(completions) != len(answers):
@@ -71,24 +45,6 @@ def _check_lengths(completions: Sequence[str], answers: Sequence[str], extras: S
     if extras is not None and len(extras) != len(completions):
         raise ValueError(f"got {len(completions)} completions but {len(extras)} extras; pass one dict per "
                          "completion (or none)")
-
-
-class _Worker:
-    def __init__(self, ctx, fn_ref: FnRef):
-        self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_worker_main, args=(child, fn_ref), daemon=True)
-        self.proc.start()
-        child.close()
-        self.ready = False
-        self.started = time.monotonic()
-        self.future: Future | None = None  # the task it is scoring
-        self.deadline = 0.0
-
-    def kill(self) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(5)
-        self.conn.close()
 
 
 class RewardPool:
@@ -140,7 +96,7 @@ class RewardPool:
         self._queue: collections.deque = collections.deque()
         self._drained = False  # set once the dispatcher has stopped taking tasks
         self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
-        self._workers = [_Worker(self._ctx, self._fn_ref) for _ in range(num_workers)]
+        self._workers = [Worker(self._ctx, self._fn_ref) for _ in range(num_workers)]
         self._thread = threading.Thread(target=self._run, name="reward-pool", daemon=True)
         self._thread.start()
 
@@ -264,7 +220,7 @@ class RewardPool:
         """Kill worker i (its sample, if any, scores 0.0 as `outcome`: TIMEOUT or CRASHED) and start a new one."""
         w = self._workers[i]
         w.kill()
-        self._workers[i] = _Worker(self._ctx, self._fn_ref)
+        self._workers[i] = Worker(self._ctx, self._fn_ref)
         self.num_replaced += 1
         if w.future is not None:  # resolved last, so whoever waits on it sees the new worker
             detail = ("did not answer within its time limit plus a grace (stuck in C code?): its worker was killed"
@@ -360,35 +316,3 @@ class RewardPool:
         for w in self._workers:
             w.proc.join(2)
             w.kill()
-
-
-# ---- guarded calls from anywhere ----
-
-_FALLBACK: dict[Any, RewardPool] = {}
-_FALLBACK_LOCK = threading.Lock()
-
-
-def _fallback_pool(fn: FnRef) -> RewardPool:
-    """One worker process per function, for guarded calls from threads other than the main one."""
-    with _FALLBACK_LOCK:
-        if fn not in _FALLBACK:
-            _FALLBACK[fn] = pool = RewardPool(num_workers=1, fn=fn)
-            atexit.register(pool.close)
-        return _FALLBACK[fn]
-
-
-def score_guarded(fn: FnRef, completion: str, answer: str, timeout_s: float,
-                  extras: Mapping[str, Any] | None = None) -> float:
-    """fn(completion, answer, **extras) limited to `timeout_s` seconds, from any thread; 0.0 on any failure.
-
-    In the main thread the call runs here under a SIGALRM timer; from another thread it is sent to a worker
-    process (started on first use and kept) that runs it in its own main thread."""
-    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-        return 0.0
-    if threading.current_thread() is threading.main_thread():
-        callable_fn = load_reward_fn(fn) if isinstance(fn, str) else fn
-        return guard.call_with_deadline(callable_fn, timeout_s, completion, answer, extras)[0]
-    try:
-        return _fallback_pool(fn).submit(completion, answer, timeout_s, extras).result()
-    except Exception:  # noqa: BLE001 -- pool closed at exit, or broken: a reward never raises
-        return 0.0
