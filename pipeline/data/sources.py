@@ -126,9 +126,9 @@ def _read_hf(name: str) -> Iterator[tuple[str, Any]]:
     try:
         if local.is_dir():
             data = datasets.load_from_disk(str(local))
-        else:
+        else:  # a Hub dataset: only the split asked for (all of them without @SPLIT, to choose below)
             hub, _, config = base.partition(":")
-            data = datasets.load_dataset(hub, config or None)
+            data = datasets.load_dataset(hub, config or None, split=split)
     except Exception as e:  # noqa: BLE001 -- whatever datasets raises, the user needs the entry and the cause
         raise DatasetError(f"{name}: Hugging Face datasets could not load it ({type(e).__name__}: {e}); check "
                            "data.train_files and data.eval_files") from None
@@ -139,7 +139,7 @@ def _read_hf(name: str) -> Iterator[tuple[str, Any]]:
             raise DatasetError(f"{name}: {'no split ' + repr(split) if split else 'several splits'}; choose one of "
                                f"{sorted(data)} with {base}@SPLIT")
         data = data[split]
-    elif split is not None:
+    elif split is not None and local.is_dir():
         raise DatasetError(f"{name}: {base} holds a single dataset without splits; drop the @{split}")
     where = f"{base}@{split}" if split else base
     for row, record in enumerate(data, 1):
