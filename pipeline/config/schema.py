@@ -156,7 +156,8 @@ class LearnerConfig(Section):
     """The learner: loss, optimizer, batches, backend, run length."""
 
     lr: Annotated[float, Meta(gt=0, description="AdamW learning rate (the paper: 1e-6)")] = 1e-6
-    warmup_steps: Annotated[int, Meta(ge=0, description="linear warm-up of the learning rate")] = 0
+    warmup_steps: Annotated[int, Meta(ge=0, description="linear warm-up of the learning rate, in optimizer steps "
+                                                        "(learner.mini_batches per learner step)")] = 0
     weight_decay: Annotated[float, Meta(ge=0, description="AdamW weight decay")] = 0.0
     clip_low: Annotated[float, Meta(ge=0, lt=1, description="ratio clipped to [1 - clip_low, 1 + clip_high]")] = 0.2
     clip_high: Annotated[float, Meta(ge=0, description="upper clip (clip-higher, as in DAPO and the paper)")] = 0.28
