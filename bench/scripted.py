@@ -117,6 +117,17 @@ def run_producer(connect: str, producer_id: str, round_seconds: float = 0.0, max
     return counts
 
 
+def poisoned(group: P.Group, version: int) -> int:
+    """Samples of `group` holding a value no honest producer sends (what the buffer's edge must keep out)."""
+    bad = 0
+    for s in group.samples:
+        lp = s.logprobs
+        bad += not (s.reward in (0.0, 1.0) and 1 <= s.token_ids.size <= 4096 and s.version <= version and
+                    lp.size == s.token_ids.size and bool(np.isfinite(lp).all()) and float(lp.max()) <= 0.0 and
+                    s.finish_reason in ("stop", "length") and group.prompt_token_ids.size > 0)
+    return bad
+
+
 def run_learner(connect: str, steps: int, batch: int, train_seconds: float = 0.0, max_staleness: int = 1,
                 group_size: int = 4, control_port: int | None = None, timeout_s: float = 120.0,
                 shutdown: bool = True, request_timeout_s: float = 10.0, duration_s: float = 0.0,
@@ -134,7 +145,8 @@ def run_learner(connect: str, steps: int, batch: int, train_seconds: float = 0.0
     wait_ms = int(min(2000.0, request_timeout_s * 500))  # the buffer answers (maybe empty) well within the timeout
     summary: dict = {"steps": 0, "groups": 0, "bad_group_size": 0, "max_staleness_seen": 0, "mixed_groups": 0,
                      "resolved_groups": 0, "resolved_mixed": 0, "step_seconds": [], "wait_seconds": [],
-                     "versions": [], "prompt_ids": [], "retries": 0, "late_groups": 0, "late_prompt_ids": []}
+                     "versions": [], "prompt_ids": [], "retries": 0, "late_groups": 0, "late_prompt_ids": [],
+                     "poisoned": 0}
     start = time.monotonic()
     out_of_time = lambda: duration_s > 0 and time.monotonic() - start > duration_s  # noqa: E731
     try:
@@ -162,6 +174,7 @@ def run_learner(connect: str, steps: int, batch: int, train_seconds: float = 0.0
                 summary["groups"] += 1
                 summary["prompt_ids"].append(g.prompt_id)
                 summary["bad_group_size"] += len(g.samples) != group_size
+                summary["poisoned"] += poisoned(g, version)
                 stale = max(version - s.version for s in g.samples)
                 summary["max_staleness_seen"] = max(summary["max_staleness_seen"], stale)
                 rewards = {s.reward for s in g.samples}

@@ -357,7 +357,7 @@ class BufferCore:
         msg: P.WorkRequest = parked.msg
         rounds: list[P.RoundAssignment] = []
         # a producer whose weights are too old would only generate samples that are evicted on arrival
-        if self.learner_version - msg.version <= self.cfg.buffer.max_staleness:
+        if msg.max_rounds and self.learner_version - msg.version <= self.cfg.buffer.max_staleness:
             rounds = self._pick_rounds(peer_name(parked.identity), msg.max_rounds, now)
             self.peers.lease(parked.identity, parked.user, rounds, now, self.cfg.sampling.max_new_tokens)
         latest = self.latest_weights
