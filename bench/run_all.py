@@ -1,7 +1,9 @@
 """`make bench`: every benchmark, one after another, each writing its table (and plots) to bench/results/.
 
 Each one measures its ratios side by side in the same run; this only sequences them and stops at the first
-failure. The whole set is sized for 2 CPU cores and about 15 minutes.
+failure. The whole set is sized for 2 CPU cores and under 20 minutes: the end-to-end bench runs its short form
+here (`--quick`: one seed, the normal setting, 20 steps; bench/results/e2e_quick.*); the 3-seed sweep with the
+hard setting is its own command, `python -m bench.e2e --seeds 3` (about an hour; see bench/results/e2e.md).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ BENCHES = [
     ("sampling", ["-m", "bench.sampling"]),
     ("pipeline overlap", ["-m", "bench.pipeline"]),
     ("throughput", ["-m", "bench.throughput"]),  # runs bench.buffer_ingest, bench.producer and bench.learner
-    ("end to end", ["-m", "bench.e2e"]),
+    ("table 2 in the cost model", ["-m", "bench.table2"]),
+    ("end to end, short", ["-m", "bench.e2e", "--quick"]),
 ]
 
 
