@@ -16,7 +16,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "buffer": ("pipeline.buffer.main", "run the rollout buffer service"),
     "producer": ("pipeline.producer.main", "run one vLLM producer: --connect HOST:PORT"),
     "learner": ("pipeline.consumer.main", "run the learner (under torchrun for several ranks): --connect HOST:PORT"),
-    "eval": ("pipeline.evaluate", "Ave@k of a model on benchmark files with vLLM"),
+    "eval": ("pipeline.evaluate", "Ave@k of a model (or a run directory's latest export) on benchmark files with "
+                                  "vLLM"),
+    "export": ("pipeline.export", "write a checkpoint (or a run's latest) as a Hugging Face model directory: "
+                                  "CKPT [--out DIR]"),
     "select-prompts": ("pipeline.select_prompts", "keep prompts whose base-model pass rate lies in a range"),
     "plot": ("pipeline.plots", "draw (or overlay) the PNG plots of one or more runs"),
     "check-config": ("pipeline.cli", "print the resolved config of FILE [overrides], or the error; --markdown: "

@@ -67,35 +67,50 @@ def print_table(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="reinforce-ada eval", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="model directory (or \"tiny\")")
-    parser.add_argument("--data", nargs="+", required=True,
+    parser.add_argument("--model", required=True,
+                        help="model directory, \"tiny\", or a run directory (its latest checkpoint's Hugging Face "
+                             "export, read with the run's config.toml)")
+    parser.add_argument("--data", nargs="+",
                         help="benchmarks: JSONL/Parquet files, Hugging Face dataset directories or names, or "
-                             "\"arithmetic\" (read with the config's data.* keys)")
+                             "\"arithmetic\" (read with the config's data.* keys); default with a run directory: "
+                             "its data.eval_files")
     parser.add_argument("--k", type=int, default=32, help="samples per problem (default 32)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=0, help="default: sampling.max_new_tokens")
     parser.add_argument("--limit", type=int, default=0, help="first N problems of each file (0 = all)")
-    parser.add_argument("--config", help="TOML config for the engine, data keys, template and reward settings")
+    parser.add_argument("--config", help="TOML config for the engine, data keys, template and reward settings "
+                                         "(default with a run directory: its config.toml)")
     parser.add_argument("--out", help="write the JSON result here too")
     args, overrides = parser.parse_known_args(argv)
     from pipeline.config import ConfigError, load_config
     from pipeline.data import DatasetError, check_source
+    from pipeline.export import ExportError, find_run_export
     from pipeline.models import resolve_model_path
 
     try:
         if args.k < 1:
             raise ConfigError("--k must be >= 1")
-        cfg = load_config(args.config, ["--model.path", args.model] + overrides)
-        model_dir = resolve_model_path(cfg)
-        for f in args.data:
+        run = find_run_export(args.model)
+        if run is not None:  # the run's own config: its template, data keys and reward read the export
+            model_dir, run_config = run
+            cfg = load_config(args.config or run_config, overrides)
+            model_dir = str(model_dir)
+        else:
+            cfg = load_config(args.config, ["--model.path", args.model] + overrides)
+            model_dir = resolve_model_path(cfg)
+        data = args.data or (cfg.data.eval_files if run is not None else None)
+        if not data:
+            raise ConfigError("--data: name the benchmark files (or pass a run directory as --model: its "
+                              "data.eval_files)")
+        for f in data:
             if f != "arithmetic":
                 try:
                     check_source(f)
                 except FileNotFoundError:
                     raise ConfigError(f"--data {f}: no such file or directory") from None
-        result = evaluate(cfg, model_dir, args.data, args.k, args.temperature,
+        result = evaluate(cfg, model_dir, data, args.k, args.temperature,
                           args.max_new_tokens or cfg.sampling.max_new_tokens, args.limit)
-    except (ConfigError, DatasetError) as exc:
+    except (ConfigError, DatasetError, ExportError) as exc:
         print(f"eval: {exc}", file=sys.stderr)
         return 2
     print_table(result)

@@ -5,11 +5,14 @@ Layout under `run_dir/checkpoints/`:
     step_000050/extra.bin        the caller's bytes (data position / buffer snapshot)
     step_000050/rng_rank{r}.pt   python, numpy and torch RNG states of rank r
     step_000050/torch_state.pt   (torch backend) or step_000050/deepspeed/ (DeepSpeed's own shards)
+    step_000050/hf/              the weights as a Hugging Face model directory (pipeline/export.py), when asked
     latest                       text: the name of the newest complete checkpoint
 
 Invariant: a checkpoint directory is complete or absent. Every rank writes into `.tmp-step_XXXXXX/` (the
 ranks of one learner share a filesystem); after a barrier rank 0 renames it to `step_XXXXXX/` and then
-replaces `latest` by rename, so a crash at any point leaves the previous checkpoint usable.
+replaces `latest` by rename, so a crash at any point leaves the previous checkpoint usable. The export in hf/
+is part of the checkpoint: written (rank 0, from the weights `full_state_dict` gathers on every rank) before
+the rename.
 """
 
 from __future__ import annotations
@@ -25,10 +28,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+# `latest_checkpoint` lives in export.py, which imports no torch (the supervisor and `eval` read the pointer too);
+# it is part of this module's interface all the same
+from pipeline.export import HF_DIR, LATEST, HfSource, write_hf
+from pipeline.export import latest_checkpoint as latest_checkpoint
+
 if TYPE_CHECKING:
     from pipeline.consumer.backends import LearnerBackend
-
-LATEST = "latest"
 
 
 def _barrier(world_size: int) -> None:
@@ -69,10 +75,11 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def save_checkpoint(root: Path, backend: LearnerBackend, version: int, optimizer_steps: int, extra: bytes = b"",
-                    keep: int = 2) -> Path:
+                    keep: int = 2, hf: HfSource | None = None) -> Path:
     """Write checkpoint `step_{version:06d}` under `root` on every rank (collective); returns its path.
 
-    Keeps the newest `keep` checkpoints (0 = all) and deletes older ones.
+    With `hf`, the checkpoint also holds the weights as a Hugging Face model directory (hf/), its config and
+    tokenizer from `hf`'s model. Keeps the newest `keep` checkpoints (0 = all) and deletes older ones.
     """
     root = Path(root)
     name = f"step_{version:06d}"
@@ -85,6 +92,10 @@ def save_checkpoint(root: Path, backend: LearnerBackend, version: int, optimizer
     _barrier(world)
     backend.save(tmp)
     torch.save(_rng_state(), tmp / f"rng_rank{rank}.pt")
+    if hf is not None:
+        state = backend.full_state_dict(hf.torch_dtype)  # collective under ZeRO-3; None except on rank 0
+        if state is not None:
+            write_hf(state, tmp / HF_DIR, hf)
     if rank == 0:
         meta = {"version": version, "optimizer_steps": optimizer_steps, "backend": backend.name,
                 "world_size": world, "zero_stage": backend.zero_stage}
@@ -102,15 +113,6 @@ def save_checkpoint(root: Path, backend: LearnerBackend, version: int, optimizer
                 shutil.rmtree(old, ignore_errors=True)
     _barrier(world)
     return final
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    """The newest complete checkpoint under `root`, or None."""
-    pointer = Path(root) / LATEST
-    if not pointer.is_file():
-        return None
-    path = Path(root) / pointer.read_text().strip()
-    return path if (path / "meta.json").is_file() else None
 
 
 def load_checkpoint(path: Path, backend: LearnerBackend) -> tuple[dict[str, Any], bytes]:

@@ -9,15 +9,17 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from pipeline import protocol as P
-from pipeline.consumer import ranks
+from pipeline.consumer import checkpoint, ranks
 from pipeline.consumer.fetch import LearnerError, fetch_batch
 from pipeline.consumer.learner import Learner
+from pipeline.export import HF_DIR, HfSource
 from pipeline.transport import BufferClient, parse_connect
 
 if TYPE_CHECKING:
@@ -109,10 +111,10 @@ def run(cfg: Config, connect: str | None = None, resume: bool = False) -> int:
                 print(_step_line(metrics, len(batch.groups), lc.batch_prompts), flush=True)
             last_metrics = dict(batch.metrics)
             if lc.checkpoint_every and learner.version % lc.checkpoint_every == 0:
-                learner.save_checkpoint(_extra(learner.version, last_metrics))
+                save_checkpoint(learner, last_metrics)
                 last_ckpt = learner.version
         if learner.version != last_ckpt:
-            learner.save_checkpoint(_extra(learner.version, last_metrics))
+            save_checkpoint(learner, last_metrics)
         if client is not None and learner.version >= lc.num_steps:
             client.send(P.Shutdown("learner finished"))
     finally:
@@ -137,6 +139,16 @@ def _continue_versions(learner: Learner, client: BufferClient | None) -> None:
         log.warning("the buffer is at version %d, ahead of the checkpoint's %d (steps since the checkpoint were "
                     "lost): continuing at version %d", buffer_version, learner.version, buffer_version + 1)
         learner.version = buffer_version + 1
+
+
+def save_checkpoint(learner: Learner, buffer_metrics: dict) -> Path:
+    """Checkpoint the current version with its Hugging Face export in hf/ (collective); rank 0 says where."""
+    path = checkpoint.save_checkpoint(learner.checkpoint_root, learner.backend, learner.version,
+                                      learner.optimizer_steps, _extra(learner.version, buffer_metrics),
+                                      hf=HfSource.of(learner.cfg))
+    if learner.rank == 0:
+        print(f"checkpoint {path} (Hugging Face model: {path / HF_DIR})", flush=True)
+    return path
 
 
 def _extra(version: int, buffer_metrics: dict) -> bytes:

@@ -20,6 +20,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
+from pipeline.export import HF_DIR, latest_checkpoint
 from pipeline.plots import plot_runs
 
 PROGRESS_EVERY_S = 30.0  # a plain progress line this often without a terminal
@@ -213,6 +214,10 @@ def summarise(state: RunState, run_dir: Path, wall_s: float) -> None:
         print(f"held-out Ave@{first['k']}: {first['accuracy']:.3f} at version {first['version']} -> "
               f"{last['accuracy']:.3f} at version {last['version']}")
     print(f"{len(state.steps)} learner steps in {wall_s / 60:.1f} min; run directory {run_dir}")
+    ckpt = latest_checkpoint(run_dir / "checkpoints")
+    if ckpt is not None and (ckpt / HF_DIR / "config.json").is_file():
+        print(f"trained model (Hugging Face format, loads in transformers and vLLM): {ckpt / HF_DIR}; evaluate it "
+              f"with `reinforce-ada eval --model {run_dir}`")
     try:
         paths = plot_runs([run_dir], run_dir / "plots")
         print(f"plots: {', '.join(str(p) for p in paths)}")
