@@ -4,6 +4,7 @@
     python -m bench.e2e --seeds 3                  the full sweep (both settings; prints its expected duration)
     python -m bench.e2e --quick                    what `make bench` runs: 1 seed, the normal setting, 20 steps
     python -m bench.e2e --seeds 3 --dry-run        the plan and its expected duration, nothing run
+    python -m bench.e2e --render bench/results/e2e.json    the markdown and plot again, from the JSON
 
 Per (setting, seed) every strategy trains in turn with the same seed (run.seed: data order, engines, learner; the
 tiny model is always the one built with seed 0), then one evaluation process (`bench.e2e_eval`) scores every
@@ -58,6 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     metavar=("MIN", "MAX"), help="hard set: solved MIN..MAX times of 16 by the tiny model (1 5)")
     ap.add_argument("--quick", action="store_true", help="1 seed, the normal setting, 20 steps; writes e2e_quick.*")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its expected duration, run nothing")
+    ap.add_argument("--render", metavar="JSON", help="only redo the summary, markdown and plot of a results JSON")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before one training run is abandoned")
     ap.add_argument("--run-dir", default="", help="keep the runs here (default: a temporary folder, removed)")
     ap.add_argument("--out", default=str(RESULTS), help="folder for NAME.json, NAME.md and NAME.png")
@@ -103,7 +105,8 @@ def prepare(args, spec: HardSpec, seeds: list[int]) -> tuple[dict, dict, list[st
     the evaluation overrides), before any run starts: a held-out set that is too small fails here."""
     settings: dict = {}
     for name in args.settings:
-        settings[name] = {"description": SETTINGS[name].description, "overrides": []}
+        text = SETTINGS[name].description.replace("MIN-MAX", f"{spec.min_correct}-{spec.max_correct}")
+        settings[name] = {"description": text, "overrides": []}
         if name == "hard":
             path, record = hard_prompts(spec)
             settings[name]["overrides"] = ["--data.train_files", json.dumps([shown(path)])]
@@ -166,6 +169,8 @@ def run_seed(args, run_dir: Path, setting: str, setting_overrides: list[str], se
         evaluate_batch(run_dir, trained, overrides, args.eval_seed)
     for r in batch:
         r.pop("weights", None)
+        if r["code"] == 0:
+            r.pop("tail", None)  # kept only to explain a failure
     return batch
 
 
@@ -180,6 +185,11 @@ def write_outputs(data: dict, out: Path, name: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        path = Path(args.render)
+        write_outputs(json.loads(path.read_text()), path.parent, path.stem)
+        print(f"rendered {path.with_suffix('.md')} and {path.with_suffix('.png')}")
+        return 0
     spec = HardSpec(pool=args.hard_pool, min_correct=args.hard_correct[0], max_correct=args.hard_correct[1])
     command = "python -m bench.e2e " + " ".join(sys.argv[1:] if argv is None else argv)
     seeds = list(range(args.seeds))

@@ -98,7 +98,8 @@ def results_section(d: dict, setting: str) -> list[str]:
                      _pm(st["dropped"], "{:.0f}"), _pm(st["wall_s"], "{:.0f}"), _pm(st["s_per_step"], "{:.2f}")])
     lines = [f"## Setting: {setting}", "", f"Mean ± std over seeds. `Ave@{k}` on the held-out set; `zero-adv` = share "
              "of trained samples with advantage 0; `mixed` = share of trained groups holding both rewards; "
-             "`dropped` = prompts dropped without a group; `wall s` = training seconds.", ""]
+             "`dropped` = prompts dropped without a group; `wall s` = seconds from the learner's start to its last "
+             "step; `s/step` = seconds per step from its first batch on.", ""]
     lines += _table(["strategy", "seeds", f"Ave@{k} v0", f"final Ave@{k}", "gain", "samples/step", "samples/group",
                      "zero-adv", "mixed", "dropped", "wall s", "s/step"], rows)
     lines += ["", f"Difference to {lab[d['baseline']]}, paired by seed (strategy minus {lab[d['baseline']]}, "

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bench.e2e import expected_seconds, parse_args
+from bench.e2e import expected_seconds, main, parse_args
 from bench.e2e_data import held_out_check, held_out_file, training_problems
 from bench.e2e_report import plot, render, verdict
 from bench.e2e_runs import attach_evals, eval_versions, summarise_run
@@ -231,3 +231,13 @@ def test_quick_plan_is_one_seed_of_the_normal_setting():
     full = parse_args(["--seeds", "3"])
     assert full.settings == ["normal", "hard"] and full.eval_problems >= 1000
     assert expected_seconds(args, True) < expected_seconds(full, True)
+
+
+def test_render_redoes_markdown_and_plot_from_the_json(tmp_path):
+    data = synthetic()
+    del data["summary"]  # recomputed from the runs
+    path = tmp_path / "e2e.json"
+    path.write_text(json.dumps(data))
+    assert main(["--render", str(path)]) == 0
+    assert "## Setting: hard" in (tmp_path / "e2e.md").read_text()
+    assert (tmp_path / "e2e.png").is_file() and "summary" in json.loads(path.read_text())
