@@ -13,10 +13,13 @@ are simulated, in simulated time (events, never sleeps).
   round_overhead_s and, for Ada, reward_s_per_sample per sample (verl's driver scores one sample at a time), and
   the step pays the scoring of the kept batch (both GRPO and Ada) plus `learner_s` with the old-log-prob
   recompute.
-- Streaming (this project): an engine asks for rounds whenever it has room for one (plus one round of queue);
-  prompts exit independently; the learner on its own learner_gpus GPUs takes B groups as soon as B wait and it is
+- Streaming (this project): an engine asks for rounds whenever it has room for one (plus one round of queue),
+  counted in samples (`request_work(max_samples=...)`) when the allocation policy sizes rounds itself; prompts
+  exit independently; the learner on its own learner_gpus GPUs takes B groups as soon as B wait and it is
   idle, trains (no recompute: behaviour log-probs), publishes, and every engine then pauses to load the weights.
-  Rewards are scored by producer worker processes off the critical path.
+  Rewards are scored by producer worker processes off the critical path. With exit_check "prefix" or "sample"
+  each sample is reported the moment it finishes (`submit_samples`), and when the exit rule cuts a round its
+  running samples are aborted on the engine (their tokens counted as wasted and reported back, as producers do).
 - learner_gpus = 0: engine time only (no learner, no weight sync, no reference overheads), bench.sampling's view.
 Legend: B = prompts (groups) per learner step, M = round size, n = group size, N = max rounds.
 """
@@ -65,6 +68,16 @@ class Strategy:
     streaming: bool
     unresolved: str = ""  # "" = the mode's default: "keep" round-sync (reference), "drop" streaming
     downsample: str = ""  # "" = the mode's default: "first" round-sync (reference), "freshest" streaming
+    allocation: str = "fixed"  # sampling.allocation
+    exit_check: str = "round"  # sampling.exit_check ("round": whole rounds, as before per-sample exit existed)
+    round_size: int = 8  # M
+    max_rounds: int = 4  # N
+    yield_floor: float = SamplingConfig().yield_floor  # min_cost's deferral and give-up threshold
+
+    def sampling_config(self) -> SamplingConfig:
+        return SamplingConfig(exit_rule=self.exit_rule, allocation=self.allocation, exit_check=self.exit_check,
+                              round_size=self.round_size, max_rounds=self.max_rounds,
+                              yield_floor=self.yield_floor)  # n = 4, the paper's
 
     def buffer_config(self) -> BufferConfig:
         return BufferConfig(
@@ -100,10 +113,12 @@ class _Sim:
 
     def __init__(self, strategy: Strategy, pass_rates: np.ndarray, cfg: SimConfig, trace: Trace | None = None):
         self.cfg, self.strategy, self.pass_rates, self.c = cfg, strategy, pass_rates, cfg.constants
-        self.sampling = SamplingConfig(exit_rule=strategy.exit_rule)  # paper defaults: M = 8, N = 4, n = 4
+        self.sampling = strategy.sampling_config()
         prompts = [(str(i), "") for i in range(len(pass_rates))]
         self.sched = Scheduler(self.sampling, strategy.buffer_config(), cfg.batch_size, prompts, seed=cfg.seed)
         self.M = self.sampling.group_size if strategy.exit_rule == "fixed" else self.sampling.round_size
+        self.per_sample = strategy.streaming and self.sched.pools.exit_check != "round"
+        self.sized = strategy.allocation != "fixed"  # the policy sizes rounds: engines ask in samples
         self.rng = np.random.default_rng(cfg.seed + 1)
         self._u = self._z = self._v = np.zeros(0)
         self._pos = 0
@@ -148,8 +163,11 @@ class _Sim:
         return Sample(tokens, logprobs, reward, version, finish)
 
     # -- engines
+    def _pass_rate(self, a) -> float:
+        return float(self.pass_rates[int(a.prompt)])
+
     def _assign(self, e: int, a) -> _Round:
-        rewards, lengths, first = self._draw_round(float(self.pass_rates[int(a.prompt)]), a.num_samples)
+        rewards, lengths, first = self._draw_round(self._pass_rate(a), a.num_samples)
         rnd = _Round(a.round_id, e, self.engine_version[e], rewards, lengths, first)
         self.rounds[a.round_id] = rnd
         self.rounds_of[a.prompt_id] = self.rounds_of.get(a.prompt_id, 0) + 1
@@ -161,20 +179,34 @@ class _Sim:
         rnd = self.rounds.pop(round_id)
         rnd.live = False
         eng = self.engines[rnd.engine]
+        running = wasted = 0
         for s in rnd.seqs:
-            if s.state == 1:
-                self.acc["aborted"] += 1
-            self.acc["wasted_tokens"] += eng.cancel(s, self.now)
+            running += s.state == 1
+            wasted += eng.cancel(s, self.now)
+        self.acc["aborted"] += running
+        self.acc["wasted_tokens"] += wasted
+        self.sched.report_aborted(round_id, running, wasted)  # what a producer reports of what it aborted
         self._next[rnd.engine] = eng.next_event()
 
     def _finish(self, e: int) -> None:
         eng = self.engines[e]
         s = eng.pop_finished(self.now)
         self._next[e] = eng.next_event()
-        rnd, _ = s.payload
+        rnd, k = s.payload
         self.acc["gen"] += 1
         self.acc["gen_len"] += s.length
         rnd.remaining -= 1
+        if self.per_sample and rnd.live:
+            sample = self._sample(rnd.rewards[k], rnd.version, s.length)
+            out = self.sched.submit_samples(self.names[e], rnd.round_id, [k], [sample], np.zeros(1, np.int32),
+                                            self.now)
+            assert out.status in ("accepted", "late"), (out.status, rnd.round_id)
+            self.waiting += out.group is not None
+            if out.aborted:
+                self._cancel(rnd.round_id)
+            elif not rnd.remaining:
+                del self.rounds[rnd.round_id]
+            return
         if rnd.remaining or not rnd.live:
             return
         del self.rounds[rnd.round_id]
@@ -218,7 +250,12 @@ class _Sim:
                 self.acc["unresolved_no_pos"] += not g.resolved and positives < half
                 self.acc["unresolved_no_neg"] += not g.resolved and len(g.samples) - positives < len(g.samples) - half
                 self.acc["resolved_by_round_2"] += g.resolved and g.num_rounds <= 2
+        if self.steps >= self.warmup:
+            self._observe(groups)
         self.batch_tokens = tokens
+
+    def _observe(self, groups: list) -> None:
+        """A measured step's groups, for subclasses that report more (bench.allocation)."""
 
     def _new_version(self) -> None:
         self.version += 1
@@ -276,8 +313,9 @@ class _Sim:
     def _feed(self) -> None:
         for e, eng in enumerate(self.engines):
             room = self.cfg.slots + self.M - eng.load  # one round of queue: a freed slot never waits for work
-            if room >= self.M:
-                for a in self.sched.request_work(self.names[e], room // self.M, self.now):
+            if room >= (1 if self.sized else self.M):
+                rounds = 1 << 30 if self.sized else room // self.M
+                for a in self.sched.request_work(self.names[e], rounds, self.now, max_samples=room):
                     self._assign(e, a)
 
     def _learner_event(self) -> None:

@@ -77,6 +77,7 @@ class RoundAssignment(_Msg):
     lease_s: float  # the buffer re-issues the round if no result arrives within this many seconds
     kind: str = "train"  # "train" | "eval" (held-out evaluation); the producer echoes it in its RoundResult
     max_new_tokens: int = 0  # completion tokens per sample at most; 0 = the producer's sampling.max_new_tokens
+    stream: bool = False  # report each sample as it finishes (SampleResults), not the whole round (RoundResult)
 
 
 class WeightAnnouncement(_Msg):

@@ -100,7 +100,9 @@ def test_main_rejects_bad_arguments(argv, message, capsys):
 
 
 class FakeEngine:
-    """A scripted engine: a round takes `delay_s` and returns one token per sample; abort ends it at once."""
+    """A scripted engine: a round takes `delay_s` and returns one token per sample; abort ends it at once. A
+    streamed round (`on_sample`) hands sample i over after (i + 1) * delay_s / num_samples; an abort then cuts
+    the rest (each had generated i + 1 tokens)."""
 
     def __init__(self, delay_s: float = 0.05, slots: int = 4):
         self.delay_s, self.slots = delay_s, slots
@@ -113,22 +115,28 @@ class FakeEngine:
     def live_samples(self):
         return len(self.running)
 
-    def free_capacity(self):
+    def free_samples(self):
         return max(0, self.slots - len(self.running))
 
-    async def generate_round(self, a):
+    async def generate_round(self, a, on_sample=None):
         version, aborted = self.version, asyncio.Event()
         self.running[a.round_id] = aborted
-        try:
-            await asyncio.wait_for(aborted.wait(), self.delay_s)
-            raise RoundAborted(str(a.round_id))
-        except TimeoutError:
-            pass
-        finally:
-            del self.running[a.round_id]
         comps = [Completion(np.array([i + 4], np.int32), np.array([-0.5], np.float32), a.answer if i == 0 else "x",
                             "stop", version) for i in range(a.num_samples)]
-        return RoundOutput(np.array([1, 5], np.int32), comps)
+        prompt = np.array([1, 5], np.int32)
+        try:
+            steps = a.num_samples if on_sample else 1
+            for i in range(steps):
+                try:
+                    await asyncio.wait_for(aborted.wait(), self.delay_s / steps)
+                    cut = range(i, a.num_samples) if on_sample else range(a.num_samples)
+                    raise RoundAborted(str(a.round_id), len(cut), sum(k + 1 for k in cut))
+                except TimeoutError:
+                    if on_sample:
+                        on_sample(i, comps[i], prompt)
+        finally:
+            del self.running[a.round_id]
+        return RoundOutput(prompt, comps)
 
     async def abort(self, round_id):
         if round_id in self.running:
@@ -193,6 +201,7 @@ def test_worker_requests_generates_scores_and_stops():
         await _until(lambda: client.of(P.WorkRequest))
         req = client.of(P.WorkRequest)[0]
         assert (req.producer_id, req.max_rounds, req.version) == ("p0", 3, 0)  # min(free 4, max_rounds 3)
+        assert req.max_samples == 4
         eval_round = P.RoundAssignment(2, 20, "2+2", "4", 2, 60.0, "eval")
         await client.replies.put(P.Assignments([_assign(1), eval_round], 0))
         await _until(lambda: len(client.of(P.RoundResult)) == 2)
@@ -271,7 +280,7 @@ def test_worker_grace_lets_running_rounds_finish():
 
 def test_worker_reports_a_rejected_prompt_and_exits_1_when_the_engine_dies():
     class BrokenEngine(FakeEngine):
-        async def generate_round(self, a):
+        async def generate_round(self, a, on_sample=None):
             if a.prompt == "too long":
                 raise ValueError("vLLM rejected it")
             self.is_dead = True
@@ -288,6 +297,52 @@ def test_worker_reports_a_rejected_prompt_and_exits_1_when_the_engine_dies():
         await client.replies.put(P.Assignments([_assign(2)], 0))
         assert await asyncio.wait_for(task, 5) == 1
         assert client.of(P.Heartbeat)[-1].stats["engine_errors"] == 1
+
+    asyncio.run(scenario())
+
+
+def test_worker_streams_samples_as_they_finish_batched_per_flush():
+    async def scenario():
+        engine, client = FakeEngine(delay_s=0.2), FakeClient()
+        prod = _producer(engine, client)
+        task = asyncio.create_task(prod.run())
+        await _until(lambda: client.of(P.WorkRequest))
+        streamed = P.RoundAssignment(1, 10, "1+6=", "7", 4, 60.0, stream=True)
+        await client.replies.put(P.Assignments([streamed, _assign(2)], 0))
+        await _until(lambda: sum(len(p.samples) for m in client.of(P.SampleResults) for p in m.rounds) == 4)
+        parts = [p for m in client.of(P.SampleResults) for p in m.rounds]
+        assert len(client.of(P.SampleResults)) >= 2  # sent as they finished, not at the end
+        assert all(p.round_id == 1 and p.prompt_id == 10 and p.num_aborted == 0 for p in parts)
+        assert parts[0].prompt_token_ids.tolist() == [1, 5] and all(p.prompt_token_ids.size == 0 for p in parts[1:])
+        assert [i for p in parts for i in p.indices] == [0, 1, 2, 3]
+        assert [s.reward for p in parts for s in p.samples] == [1.0, 0.0, 0.0, 0.0]
+        await _until(lambda: client.of(P.RoundResult))
+        assert [r.round_id for r in client.of(P.RoundResult)] == [2]  # a round that does not stream: whole
+        await _until(lambda: any(h.stats["rounds_done"] == 2 for h in client.of(P.Heartbeat)))
+        prod.stop("test")
+        assert await asyncio.wait_for(task, 5) == 0
+
+    asyncio.run(scenario())
+
+
+def test_worker_reports_what_an_abort_cut_of_a_streamed_round():
+    async def scenario():
+        engine, client = FakeEngine(delay_s=0.4), FakeClient()
+        prod = _producer(engine, client)
+        task = asyncio.create_task(prod.run())
+        await _until(lambda: client.of(P.WorkRequest))
+        await client.replies.put(P.Assignments([P.RoundAssignment(1, 10, "1+6=", "7", 4, 60.0, stream=True)], 0))
+        await _until(lambda: client.of(P.SampleResults))  # sample 0 is out
+        await client.control.put(P.Abort([1], "prompt exited"))
+        await _until(lambda: prod.counts["rounds_aborted"] == 1)
+        await _until(lambda: any(p.num_aborted for m in client.of(P.SampleResults) for p in m.rounds))
+        parts = [p for m in client.of(P.SampleResults) for p in m.rounds]
+        sent = [i for p in parts for i in p.indices]
+        cut = sum(p.num_aborted for p in parts)
+        assert sent[0] == 0 and len(sent) + cut == 4 and cut >= 2  # every sample sent once or counted as cut
+        assert sum(p.aborted_tokens for p in parts) == sum(k + 1 for k in range(4) if k not in sent)
+        prod.stop("test")
+        assert await asyncio.wait_for(task, 5) == 0
 
     asyncio.run(scenario())
 
@@ -583,7 +638,8 @@ def test_producer_process_end_to_end(producer_proc, models):
     buf.wait(lambda: buf.requests or proc.poll() is not None, 300, "the producer's first WorkRequest")
     assert proc.poll() is None, "the producer process exited during start-up"
     first = buf.requests[0]
-    assert (first.producer_id, first.max_rounds, first.version) == ("p-test", 5, 0)  # 16 seqs / 4 per round + 1
+    # capacity in samples: 16 sequences plus a queue of max(4, 16 / 4); as many rounds (each has >= 1 sample)
+    assert (first.producer_id, first.max_rounds, first.max_samples, first.version) == ("p-test", 20, 20, 0)
 
     # two rounds; round 2 is aborted at once and must never come back
     buf.todo = [P.RoundAssignment(1, 10, PROMPT, "46", 4, 60.0), P.RoundAssignment(2, 20, "9", "9", 4, 60.0)]

@@ -1,12 +1,14 @@
 """Scheduler properties over random reward streams and random event orders (hypothesis).
 
-A driver plays a list of events against a Scheduler: several producers asking for work, results submitted in any
-order (some stale, some duplicated, some with the wrong sample count), expiries, version bumps, batches taken,
-and snapshot/restore cycles. After every event it checks the invariants:
-every group has exactly n samples; a resolved "balance" group holds a positive and a negative; under "drop" no
-zero-variance group is released; no accepted sample is handed off twice; no admitted prompt is lost; every
-handed-off sample meets the staleness bound; advantages equal the formula; and a replay of the same seed and
-event log gives the same groups.
+A driver plays a list of events against a Scheduler, under every allocation policy and every exit_check:
+several producers asking for work (in rounds and samples), results submitted in any order (whole rounds, or
+samples one part at a time in any order; some stale, some duplicated, some with the wrong sample count or a bad
+index), expiries, version bumps, batches taken, and snapshot/restore cycles. After every event it checks the
+invariants: every group has exactly n samples; a resolved "balance" group keeps n/2 positives and n - n/2
+negatives; under "drop" no zero-variance group is released; no accepted sample is handed off twice; no admitted
+prompt is lost; every handed-off sample meets the staleness bound; advantages equal the formula over the whole
+pool; a round's size is the policy's (M under "fixed", within the visit's budget otherwise); and a replay of
+the same seed and event log gives the same groups.
 """
 
 import math
@@ -31,7 +33,9 @@ def configs(draw):
     n = draw(st.integers(2, 4))
     max_rounds = draw(st.integers(1, 3))
     round_size = max(draw(st.integers(1, 4)), math.ceil(n / max_rounds))
-    sampling = SamplingConfig(round_size=round_size, max_rounds=max_rounds, group_size=n, exit_rule=rule)
+    allocation = "fixed" if rule == "fixed" else draw(st.sampled_from(["fixed", "est", "min_cost"]))
+    sampling = SamplingConfig(round_size=round_size, max_rounds=max_rounds, group_size=n, exit_rule=rule,
+                              allocation=allocation, exit_check=draw(st.sampled_from(["prefix", "sample", "round"])))
     buffer = BufferConfig(
         max_staleness=draw(st.integers(0, 2)),
         max_rounds_in_flight=draw(st.integers(0, 4)),
@@ -45,7 +49,7 @@ def configs(draw):
 
 
 _idx = st.integers(0, 1000)
-_req = st.tuples(st.just("req"), st.integers(0, 2), st.integers(1, 3))
+_req = st.tuples(st.just("req"), st.integers(0, 2), st.integers(1, 3), st.sampled_from([0, 0, 1, 3, 8]))
 # (sub, which pending round, reward seed (0-2: all equal rewards, the zero-variance cases), version lag)
 _sub = st.tuples(st.just("sub"), _idx, st.one_of(st.integers(0, 2), st.integers(3, 2**16)),
                  st.sampled_from([0, 0, 0, 1, 2]))
@@ -53,6 +57,10 @@ EVENT = st.one_of(  # weighted toward requests and results so that prompts reall
     _req, _req, _req,
     _sub, _sub, _sub, _sub, _sub,
     st.tuples(st.just("dup"), _idx),
+    # (part, which pending round, how many of its unsent samples, reward seed, version lag)
+    st.tuples(st.just("part"), _idx, st.integers(1, 3), st.integers(3, 2**16), st.sampled_from([0, 0, 1])),
+    st.tuples(st.just("part"), _idx, st.integers(1, 2), st.integers(3, 2**16), st.just(0)),
+    st.tuples(st.just("badidx"), _idx),
     st.tuples(st.just("unk"), st.integers(-5, 5)),
     st.tuples(st.just("bad"), _idx),
     st.tuples(st.just("exp"), st.sampled_from([0, 1, 2, 12])),  # 12 s: past the lease and the heartbeat timeout
@@ -73,7 +81,7 @@ class Driver:
         self.s = Scheduler(sampling, buffer, batch, PROMPTS, seed)
         self.now = 0.0
         self.next_token = 0
-        self.pending = []  # (assignment, producer)
+        self.pending = []  # (assignment, producer, indices already sent)
         self.submitted = []  # (round_id, producer, samples)
         self.accepted_tokens: set[int] = set()
         self.handed_tokens: set[int] = set()
@@ -93,26 +101,46 @@ class Driver:
         kind, s = ev[0], self.s
         if kind == "req":
             producer = f"p{ev[1]}"
-            for a in s.request_work(producer, ev[2], self.now):
-                assert a.num_samples == s.round_size and a.lease_s == self.buffer.lease_s
-                self.pending.append((a, producer))
-        elif kind in ("sub", "bad") and self.pending:
-            a, producer = self.pending.pop(ev[1] % len(self.pending))
-            count = a.num_samples + (1 if kind == "bad" else 0)
-            samples = self.samples(count, ev[2] if kind == "sub" else 0, ev[3] if kind == "sub" else 0)
-            out = s.submit_result(producer, a.round_id, TOK, samples, self.now)
-            if kind == "bad":
-                assert out.status in ("rejected", "late")
+            for a in s.request_work(producer, ev[2], self.now, max_samples=ev[3]):
+                budget = self.sampling.round_size * self.sampling.max_rounds
+                if self.sampling.allocation == "fixed":
+                    assert a.num_samples == s.round_size
+                else:
+                    assert 1 <= a.num_samples <= budget
+                assert a.lease_s == self.buffer.lease_s and a.stream == (s.pools.exit_check != "round")
+                self.pending.append((a, producer, set()))
+        elif kind == "sub" and self.pending:  # the rest of a round at once (a whole result if nothing was sent)
+            a, producer, sent = self.pending.pop(ev[1] % len(self.pending))
+            indices = [i for i in range(a.num_samples) if i not in sent]
+            samples = self.samples(len(indices), ev[2], ev[3])
+            if sent:
+                out = s.submit_samples(producer, a.round_id, indices, samples, TOK, self.now)
             else:
-                assert out.status in ("accepted", "late")
-                self.submitted.append((a.round_id, producer, samples))
-                if out.accepted:
-                    self.accepted_tokens.update(int(x.token_ids[0]) for x in samples)
-                if out.group is not None:
-                    self.check_group(out.group)
+                out = s.submit_result(producer, a.round_id, TOK, samples, self.now)
+            self.record(out, a.round_id, producer, indices, samples)
+        elif kind == "part" and self.pending:  # a few of a round's samples, in any order
+            i = ev[1] % len(self.pending)
+            a, producer, sent = self.pending[i]
+            todo = [k for k in range(a.num_samples) if k not in sent]
+            indices = random.Random(ev[3]).sample(todo, min(ev[2], len(todo)))
+            samples = self.samples(len(indices), ev[3], ev[4])
+            out = s.submit_samples(producer, a.round_id, indices, samples, TOK, self.now)
+            sent.update(indices)
+            if len(sent) == a.num_samples or out.status != "accepted" or a.round_id in out.aborted:
+                self.pending.pop(i)
+            self.record(out, a.round_id, producer, indices, samples)
+        elif kind == "bad" and self.pending:
+            a, producer, sent = self.pending.pop(ev[1] % len(self.pending))
+            out = s.submit_result(producer, a.round_id, TOK, self.samples(a.num_samples + 1, 0, 0), self.now)
+            assert out.status in ("rejected", "late")
+        elif kind == "badidx" and self.pending:
+            a, producer, sent = self.pending.pop(ev[1] % len(self.pending))
+            out = s.submit_samples(producer, a.round_id, [a.num_samples], self.samples(1, 0, 0), TOK, self.now)
+            assert out.status in ("rejected", "late")
         elif kind == "dup" and self.submitted:
-            round_id, producer, samples = self.submitted[ev[1] % len(self.submitted)]
-            assert s.submit_result(producer, round_id, TOK, samples, self.now).status in ("duplicate", "late")
+            round_id, producer, indices, samples = self.submitted[ev[1] % len(self.submitted)]
+            status = s.submit_samples(producer, round_id, indices, samples, TOK, self.now).status
+            assert status in ("duplicate", "late")
         elif kind == "unk":
             assert s.submit_result("p0", 10**6 + ev[1], TOK, [], self.now).status == "unknown"
         elif kind == "exp":
@@ -145,12 +173,21 @@ class Driver:
         assert m["admitted"] == m["released"] - m["reopened"] + dropped + m["active"]
         assert m["released"] - m["reopened"] == m["groups_waiting"] + m["groups_consumed"]
 
+    def record(self, out, round_id, producer, indices, samples) -> None:
+        assert out.status in ("accepted", "late", "duplicate"), out.status
+        if out.accepted:
+            self.submitted.append((round_id, producer, indices, samples))
+            self.accepted_tokens.update(int(x.token_ids[0]) for x in samples)
+        assert out.aborted in ((), (round_id,))
+        if out.group is not None:
+            self.check_group(out.group)
+
     def check_group(self, g) -> None:
         n, thr = self.sampling.group_size, self.sampling.positive_threshold
         rewards = [x.reward for x in g.samples]
         assert len(g.samples) == len(g.advantages) == n and g.pool_size >= n
-        if self.sampling.exit_rule == "balance" and g.resolved:
-            assert any(is_positive(r, thr) for r in rewards) and not all(is_positive(r, thr) for r in rewards)
+        if self.sampling.exit_rule == "balance" and g.resolved:  # the exit rule: n/2 of each class, kept
+            assert sum(is_positive(r, thr) for r in rewards) == n // 2
         if self.buffer.unresolved == "drop":
             # the pool had variance (the kept n may all be equal yet differ from the pool mean): some signal
             assert any(a != 0 for a in g.advantages)
@@ -185,9 +222,11 @@ def test_a_busy_random_run_makes_progress_and_keeps_invariants(cfg, seed):
     for _ in range(400):
         roll = rng.random()
         if roll < 0.3:
-            d.play(("req", rng.randrange(3), rng.randrange(1, 4)))
-        elif roll < 0.8:
+            d.play(("req", rng.randrange(3), rng.randrange(1, 4), rng.choice([0, 2, 8])))
+        elif roll < 0.6:
             d.play(("sub", rng.randrange(1000), rng.randrange(2**16), 0))
+        elif roll < 0.8:
+            d.play(("part", rng.randrange(1000), rng.randrange(1, 3), rng.randrange(3, 2**16), 0))
         elif roll < 0.85:
             d.play(("dup", rng.randrange(1000)))
         elif roll < 0.88:

@@ -37,9 +37,10 @@ class Admission:
     def epoch(self) -> int:
         return self.cursor // len(self.prompts)
 
-    def prior(self, waste: float) -> Prior:
-        """The population prior, with `waste` (the measured cost of a cut sample, as a share of a sample)."""
-        return Prior.from_counts(self.positives, self.samples, waste)
+    def prior(self, waste: float, yield_rate: float) -> Prior:
+        """The population prior, with what the run measured: `waste` (the cost of a cut sample, as a share of a
+        sample) and `yield_rate` (groups released per sample)."""
+        return Prior.from_counts(self.positives, self.samples, waste, yield_rate)
 
     def take(self, now: float, prior: Prior) -> PromptState:
         """The next example the policy admits, as a new prompt (its earlier evidence decayed by the policy)."""

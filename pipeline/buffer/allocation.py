@@ -9,10 +9,14 @@ visit, kept by the Scheduler across epochs and restarts) and the population `Pri
 - `est`: the authors' estimation-based variant: a Beta posterior on the pass rate p from every sample of every
   visit; each round asks for about what the exit rule still needs at p_hat (n/2 positives take n/2 / p_hat
   samples), clipped to the visit's remaining budget of M*N samples.
-- `min_cost`: each round's size minimises the expected cost of reaching the exit under the posterior: the
-  round's samples that the exit makes unnecessary (aborted or discarded, each costing `waste` of a sample) plus
-  ROUND_COST per further round. A prompt whose posterior gives its visit little chance of a group with both
-  rewards (below DEFER_BELOW) is deferred to a later epoch, at most MAX_DEFERRALS times in a row.
+- `min_cost`: each round's size k minimises the expected cost of the rest of the visit under the posterior, if
+  it went on in rounds of k: ROUND_COST per round plus, for the samples that the exit makes unnecessary (cut or
+  discarded), `waste` of a sample each (the buffer measures it: tokens of cut samples over tokens of finished
+  ones). The size is chosen again for every round, from the updated posterior. An example whose next visit
+  is expected to yield groups with a signal per sample below sampling.yield_floor times the run's average is
+  deferred to a later epoch, at most MAX_DEFERRALS times in a row (then tried again: its evidence grows, no
+  example is starved for good); a visit whose pool has no signal yet is given up on, by the same measure, when
+  the rest of its budget is not worth spending.
 
 Invariants:
 - `round_size` is >= 1 and, for budgeted policies, at most the visit's remaining budget (so a visit never
@@ -37,7 +41,6 @@ from pipeline.config import SamplingConfig
 MAX_ROUNDS_FACTOR = 2  # hard cap: a visit is settled after this many times its budget (rounds or samples)
 MAX_DEFERRALS = 2  # an example is deferred at most this many epochs in a row
 PRIOR_STRENGTH = 2.0  # the population prior counts as this many samples
-DEFER_BELOW = 0.1  # min_cost defers an example whose visit yields a group with a signal less often than this
 ROUND_COST = 1.0  # min_cost: a further round costs as much as this many samples (prefill, latency, a round trip)
 DEFAULT_WASTE = 0.5  # min_cost: share of a sample an aborted one costs, until the buffer has measured it
 
@@ -49,12 +52,14 @@ class Prior:
     a: float = 1.0
     b: float = 1.0
     waste: float = DEFAULT_WASTE  # tokens of an aborted or discarded sample / tokens of a finished one
+    yield_rate: float = 0.0  # groups with a signal released per sample received so far (0: not known yet)
 
     @classmethod
-    def from_counts(cls, positives: float, samples: float, waste: float = DEFAULT_WASTE) -> Prior:
+    def from_counts(cls, positives: float, samples: float, waste: float = DEFAULT_WASTE,
+                    yield_rate: float = 0.0) -> Prior:
         """A weak prior (PRIOR_STRENGTH samples) centred on the pass rate of every sample seen so far."""
         mean = (positives + 1.0) / (samples + 2.0)
-        return cls(PRIOR_STRENGTH * mean, PRIOR_STRENGTH * (1.0 - mean), min(1.0, max(0.0, waste)))
+        return cls(PRIOR_STRENGTH * mean, PRIOR_STRENGTH * (1.0 - mean), min(1.0, max(0.0, waste)), yield_rate)
 
 
 class Allocation(ABC):
@@ -83,6 +88,10 @@ class Allocation(ABC):
     def capped(self, st: PromptState) -> bool:
         """Whether the visit hit the hard cap on its cost (samples lost to staleness are refunded up to it)."""
         return st.num_received >= MAX_ROUNDS_FACTOR * self.budget
+
+    def give_up(self, st: PromptState, hist: History, prior: Prior) -> bool:
+        """Whether to end the visit now, before its budget is spent (asked between rounds)."""
+        return False
 
     def remaining(self, st: PromptState) -> int:
         return max(1, self.budget - len(st.pool))
@@ -130,25 +139,46 @@ class MinCost(Allocation):
     """Rounds sized to minimise expected cut samples plus rounds under the posterior; hopeless prompts deferred."""
 
     name = "min_cost"
-    decay = 0.5  # pass rates move as the policy learns: an earlier visit counts half at each new one
+    decay = 0.8  # pass rates move as the policy learns: earlier visits count 0.8 at each new one
 
     def admit(self, hist: History, prior: Prior) -> bool:
         if hist.visits == 0 or hist.deferred >= MAX_DEFERRALS:
             return True
-        return self.outlook(None, hist, prior).useful >= DEFER_BELOW
+        return self._worth_it(self.outlook(None, hist, prior), 0.0, prior)
+
+    def give_up(self, st: PromptState, hist: History, prior: Prior) -> bool:
+        if st.num_pos and st.num_neg:  # a group with a signal is there: go on toward the exit rule
+            return False
+        return not self._worth_it(self.outlook(st, hist, prior), 0.0, prior)
+
+    def _worth_it(self, look: Outlook, have: float, prior: Prior) -> bool:
+        """Whether the rest of a visit yields groups with a signal per sample at least sampling.yield_floor times
+        as well as the run does on average (`have`: the chance of one without further samples)."""
+        floor = self.sampling.yield_floor * prior.yield_rate
+        if floor <= 0:
+            return True
+        samples = sum(j * p for j, p in enumerate(look.exit_at)) + look.unresolved * (len(look.exit_at) - 1)
+        return look.useful - have >= floor * max(samples, 1.0)
 
     def round_size(self, st: PromptState, hist: History, prior: Prior) -> int:
         look = self.outlook(st, hist, prior)
         remaining = self.remaining(st)
         need_pos, need_neg = self.rule.needed(st.num_pos, st.num_neg, self.n)
         lowest = min(remaining, max(1, need_pos + need_neg, self.n - len(st.pool)))  # fewer cannot exit
-        best, best_cost = lowest, math.inf
-        for k in range(lowest, remaining + 1):
-            further = ROUND_COST * (1.0 - look.exit_by(k)) if k < remaining else 0.0  # no round after the last
-            cost = prior.waste * look.overshoot(k) + further
-            if cost < best_cost - 1e-12:
-                best, best_cost = k, cost
-        return best
+        costs = {k: self.expected_cost(look, k, remaining, prior.waste) for k in range(lowest, remaining + 1)}
+        return min(costs, key=lambda k: (costs[k], k))
+
+    @staticmethod
+    def expected_cost(look: Outlook, k: int, remaining: int, waste: float) -> float:
+        """Expected cost of the rest of the visit in rounds of k (the last one clipped to the budget): ROUND_COST
+        per round plus `waste` per sample that the exit makes unnecessary (cut or discarded)."""
+        cost = look.unresolved * ROUND_COST * -(-remaining // k)
+        for j in range(1, remaining + 1):
+            p = look.exit_at[j]
+            if p:
+                rounds = -(-j // k)
+                cost += p * (ROUND_COST * rounds + waste * (min(rounds * k, remaining) - j))
+        return cost
 
 
 POLICIES: dict[str, type[Allocation]] = {cls.name: cls for cls in (Fixed, Est, MinCost)}

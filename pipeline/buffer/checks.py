@@ -29,10 +29,11 @@ from pipeline import protocol as P
 from pipeline.auth import LEARNER, ROLES
 from pipeline.buffer.peers import Lease
 
-PRODUCER_MESSAGES = (P.WorkRequest, P.RoundResult, P.Heartbeat, P.MetricsRequest)  # served to every role
+PRODUCER_MESSAGES = (P.WorkRequest, P.RoundResult, P.Heartbeat, P.MetricsRequest, P.SampleResults)  # every role
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # vLLM's FINISH_REASON_STRINGS
 LOGPROB_EPS = 1e-3  # a log-prob is <= 0; float error may leave a hair above it, never more
 MAX_VERSION = 1 << 40  # any version beyond this is garbage (and would overflow arithmetic downstream)
+MAX_COUNT = 1 << 40  # aborted samples or tokens a streamed part may report (accounting only; beyond: garbage)
 MAX_STAT_KEYS = 64  # heartbeat stats: keys at most (a producer sends about 20)
 MAX_STAT_KEY_CHARS = 64
 REJECT_REASONS = ("prompt_id", "samples", "prompt", "length", "reward", "logprob", "version", "finish_reason")
@@ -62,8 +63,9 @@ def check_message(msg: Any) -> str:
     """Why a decoded message must not be acted on ("" if it may): values its types allow but no client sends,
     which the scheduler would reject with an exception (the loop must never see one from a client's input)."""
     if isinstance(msg, P.WorkRequest):
-        if msg.max_rounds < 0 or not 0 <= msg.version <= MAX_VERSION:
-            return f"WorkRequest needs max_rounds >= 0 and version >= 0, got {msg.max_rounds} and {msg.version}"
+        if msg.max_rounds < 0 or msg.max_samples < 0 or not 0 <= msg.version <= MAX_VERSION:
+            return f"WorkRequest needs max_rounds, max_samples and version >= 0, got {msg.max_rounds}, " \
+                   f"{msg.max_samples} and {msg.version}"
     elif isinstance(msg, P.BatchRequest):
         if msg.num_groups < 1 or not 0 <= msg.learner_version <= MAX_VERSION:
             return f"BatchRequest needs num_groups >= 1 and learner_version >= 0, got {msg.num_groups} and " \
@@ -78,6 +80,21 @@ def check_message(msg: Any) -> str:
             return f"RoundResult.kind must be one of {', '.join(P.ROUND_KINDS)}, got {msg.kind!r}"
     elif isinstance(msg, P.Heartbeat):
         return _heartbeat_problem(msg)
+    elif isinstance(msg, P.SampleResults):
+        return _samples_problem(msg)
+    return ""
+
+
+def _samples_problem(msg: P.SampleResults) -> str:
+    """A streamed part's own values (those against its round's lease are checked like a result's)."""
+    for part in msg.rounds:
+        if part.prompt_token_ids.size and int(part.prompt_token_ids.min()) < 0:
+            return f"SampleResults round {part.round_id}: prompt_token_ids holds a negative token id"
+        if not (0 <= part.num_aborted <= MAX_COUNT and 0 <= part.aborted_tokens <= MAX_COUNT):
+            return f"SampleResults round {part.round_id}: aborted samples and tokens must be in 0..{MAX_COUNT}, got " \
+                   f"{part.num_aborted} and {part.aborted_tokens}"
+        if any(i < 0 for i in part.indices) or len(set(part.indices)) != len(part.indices):
+            return f"SampleResults round {part.round_id}: sample indices must be distinct and >= 0"
     return ""
 
 

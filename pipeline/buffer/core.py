@@ -157,6 +157,8 @@ class BufferCore:
                 self._on_work(sender, msg, now, conn)
             case P.RoundResult():
                 self._on_result(sender, msg, now, conn)
+            case P.SampleResults():
+                self._on_samples(sender, msg, now, conn)
             case P.Heartbeat():
                 self._on_heartbeat(sender, msg, now)
             case P.BatchRequest():
@@ -260,6 +262,48 @@ class BufferCore:
         elif self.scheduler.submit_result(name, msg.round_id, msg.prompt_token_ids, msg.samples, now).accepted:
             self.peers.count_samples(name, len(msg.samples))
 
+    def _on_samples(self, sender: bytes, msg: P.SampleResults, now: float, conn: Conn) -> None:
+        """Streamed samples, one part per training round: checked at the edge like a result (a later part may
+        leave the prompt tokens out), then accepted one by one; rounds the exit rule cuts are aborted."""
+        name = self.peers.touch(sender, now)
+        if name is None:
+            return
+        cut: list[int] = []
+        for part in msg.rounds:
+            lease = self.peers.leases.get(part.round_id)
+            if lease is not None and not lease.held_by(sender, conn.user):
+                self.incidents.bad("results_foreign", sender, f"samples of round {part.round_id}, which is leased "
+                                   f"to {peer_name(lease.owner)}", "rejected_by_sender")
+                continue
+            self.scheduler.report_aborted(part.round_id, part.num_aborted, part.aborted_tokens)  # waste, counted
+            if not part.samples:
+                continue
+            if lease is None:  # not out here: late, duplicate or unknown, counted as such
+                self.scheduler.submit_samples(name, part.round_id, part.indices, part.samples, P.empty_array("int32"),
+                                              now)
+                continue
+            known = self._known_prompt(lease)
+            prompt = known if part.prompt_token_ids.size == 0 and known is not None else part.prompt_token_ids
+            as_result = P.RoundResult(name, part.round_id, part.prompt_id, prompt, part.samples, 0.0, lease.kind)
+            reason, why = check_result(as_result, lease, self.limits, self.learner_version, known)
+            if not reason and lease.kind != "train":
+                reason, why = "samples", f"eval round {part.round_id} came back streamed; eval rounds are whole"
+            if not reason and self.vocab_size is not None:
+                why = out_of_vocab(as_result, self.vocab_size)
+                reason = "oov" if why else ""
+            if reason:
+                self.peers.release([part.round_id])
+                self._reject(sender, name, part.round_id, lease, reason, why, now)
+                continue
+            out = self.scheduler.submit_samples(name, part.round_id, part.indices, part.samples, prompt, now)
+            if out.accepted:
+                self.peers.count_samples(name, len(part.samples))
+            if not self.scheduler.in_flight(part.round_id):  # complete, cut or rejected: the lease is over
+                self.peers.release([part.round_id])
+            cut += out.aborted
+        if cut:
+            self._outbox.append(Out(None, P.Abort(cut, "prompt exited")))
+
     def _on_heartbeat(self, sender: bytes, msg: P.Heartbeat, now: float) -> None:
         if msg.role == LEARNER:  # role_problem let it through: the connection is the learner's
             self.learner_stats = dict(msg.stats)
@@ -338,8 +382,9 @@ class BufferCore:
             self.peers.release(aborted)
             self._outbox.append(Out(None, P.Abort(aborted, "samples would be stale")))
 
-    def _pick_rounds(self, producer_id: str, wanted: int, now: float) -> list[P.RoundAssignment]:
-        """Eval rounds take at most half of `wanted` while training has rounds, and what training cannot use."""
+    def _pick_rounds(self, producer_id: str, wanted: int, now: float, samples: int = 0) -> list[P.RoundAssignment]:
+        """Eval rounds take at most half of `wanted` while training has rounds, and what training cannot use;
+        training rounds fit in `samples` less the eval rounds' (0: no sample budget)."""
         if self.stop_reason is not None:  # draining: the learner is done, only evaluations are left
             rounds = self.evals.take(wanted, producer_id, now)
         else:
@@ -348,7 +393,9 @@ class BufferCore:
                 share = (wanted + self._eval_turn) // 2
                 self._eval_turn ^= wanted % 2
             rounds = self.evals.take(share, producer_id, now)
-            rounds += self.scheduler.request_work(producer_id, wanted - len(rounds), now)
+            room = samples - sum(r.num_samples for r in rounds)
+            if not samples or room > 0:
+                rounds += self.scheduler.request_work(producer_id, wanted - len(rounds), now, max(0, room))
             rounds += self.evals.take(wanted - len(rounds), producer_id, now)
         self.counters["eval_rounds"] += sum(r.kind == "eval" for r in rounds)
         return rounds
@@ -358,7 +405,7 @@ class BufferCore:
         rounds: list[P.RoundAssignment] = []
         # a producer whose weights are too old would only generate samples that are evicted on arrival
         if msg.max_rounds and self.learner_version - msg.version <= self.cfg.buffer.max_staleness:
-            rounds = self._pick_rounds(peer_name(parked.identity), msg.max_rounds, now)
+            rounds = self._pick_rounds(peer_name(parked.identity), msg.max_rounds, now, msg.max_samples)
             self.peers.lease(parked.identity, parked.user, rounds, now, self.cfg.sampling.max_new_tokens)
         latest = self.latest_weights
         stale_weights = latest if latest is not None and msg.version < latest.version else None

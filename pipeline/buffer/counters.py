@@ -13,6 +13,7 @@ COUNTERS = {  # every counter, declared once: metrics() reports each under its n
     "admitted": "prompts admitted (a new prompt id each time an example is served)",
     "released": "groups released (re-releases of re-opened groups included)",
     "released_partial": "groups released without the exit rule holding (after max_rounds)",
+    "released_signal": "groups released holding both rewards (the useful ones)",
     "dropped_unresolved": "prompts given up on without a group (zero variance after max_rounds, or unservable)",
     "dropped_zero_variance": "prompts whose exit rule held on a pool with no signal, dropped (unresolved=drop)",
     "stale_evictions": "samples evicted from pools as too stale",

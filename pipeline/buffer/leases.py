@@ -4,8 +4,9 @@ whether producers are alive. The Scheduler decides what to issue; `Leases` only 
 Invariants:
 - `rounds` maps every round id in flight to its prompt id, in issue order;
 - `held[p]` is the number of rounds in flight issued to producer p (no entry for 0);
-- a producer is alive while it was heard of within buffer.heartbeat_timeout_s; `fair_share` divides the rounds
-  the admission bound allows among the alive producers (at least one), so one request never takes them all.
+- a producer is alive while it was heard of within buffer.heartbeat_timeout_s; `room` divides the rounds the
+  admission bound allows among the alive producers that ask for work (at least one), so one request never takes
+  them all.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class Leases:
         self.rounds: dict[int, int] = {}  # round_id in flight -> prompt_id, in issue order
         self.held: dict[str, int] = {}  # producer -> rounds in flight it holds
         self.last_seen: dict[str, float] = {}
+        self.requesters: set[str] = set()  # producers that asked for work (the ones sharing it)
 
     def add(self, round_id: int, prompt_id: int, producer_id: str) -> None:
         assert round_id not in self.rounds, round_id
@@ -42,6 +44,7 @@ class Leases:
 
     def forget(self, producer_id: str) -> None:
         self.last_seen.pop(producer_id, None)
+        self.requesters.discard(producer_id)
 
     def is_silent(self, producer_id: str, now: float) -> bool:
         return now - self.last_seen.get(producer_id, -math.inf) > self.buffer.heartbeat_timeout_s
@@ -50,8 +53,10 @@ class Leases:
         return sum(not self.is_silent(p, now) for p in self.last_seen)
 
     def room(self, producer_id: str, bound: int, now: float) -> int:
-        """Rounds `producer_id` may still take: its fair share of `bound` rounds, less what it holds."""
-        share = -(-bound // max(1, self.alive(now)))
+        """Rounds `producer_id` (asking for work now) may still take: its fair share of `bound` rounds, less what
+        it holds."""
+        self.requesters.add(producer_id)
+        share = -(-bound // max(1, sum(not self.is_silent(p, now) for p in self.requesters)))
         return share - self.held.get(producer_id, 0)
 
     def check(self, producer_of: dict[int, str]) -> None:

@@ -21,7 +21,8 @@ Invariants (`check`):
   released - reopened == waiting + groups_consumed: no admitted prompt is lost or counted twice;
 - every active prompt is either in flight or queued for its next round (in admission order);
 - `accepted_rounds` is exactly the accepted round ids of the live (active or waiting) prompts, `cut_rounds` those
-  of them the exit rule cut short (a sample of one arriving later is late, not a duplicate);
+  of them closed before all their samples arrived (cut by the exit rule, or cancelled: a straggler is late, not
+  a duplicate);
 - every waiting group has n samples and advantages equal to the formula over its retained pool; a resolved one
   satisfies the exit rule on its pool.
 """
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
@@ -39,9 +40,9 @@ import numpy as np
 
 from pipeline import protocol as P
 from pipeline.buffer import logic
-from pipeline.buffer.allocation import Allocation
+from pipeline.buffer.allocation import Allocation, Prior
 from pipeline.buffer.exit_rules import ExitRule
-from pipeline.buffer.state import InFlight, PromptState
+from pipeline.buffer.state import History, InFlight, PromptState
 from pipeline.config import BufferConfig, SamplingConfig
 
 
@@ -76,10 +77,12 @@ class Pools:
         self.sampling, self.buffer, self.rule, self.policy, self.rng, self.counts = \
             sampling, buffer, rule, policy, rng, counts
         self.exit_check = "round" if rule.whole_rounds else sampling.exit_check
+        # what the policy needs besides the pool (the example's history, the population prior): the Scheduler's
+        self.context: Callable[[PromptState], tuple[History, Prior]] = lambda st: (History(), Prior())
         self.active: dict[int, PromptState] = {}
         self.waiting: dict[int, Released] = {}  # insertion order = release order (FIFO)
         self.accepted_rounds: set[int] = set()  # accepted round ids of live prompts (duplicate vs late)
-        self.cut_rounds: set[int] = set()  # those cut short by the exit rule
+        self.cut_rounds: set[int] = set()  # those closed before all their samples arrived
         self.rounds_to_exit: dict[int, int] = {}  # accepted rounds -> prompts released after that many
         self.groups_consumed = 0
         self._ready: list[tuple[int, int]] = []  # heap of (admitted_order, prompt_id); stale entries skipped
@@ -137,8 +140,7 @@ class Pools:
             c["rounds_cut"] += cut > 0
             c["samples_cut"] += cut
             if cut:
-                st.cut_round_ids.append(fl.round_id)
-                self.cut_rounds.add(fl.round_id)
+                self.cut(st, fl.round_id)
             group, dropped = self._release(st, resolved=True) if exited else self._settle(st)
             return SubmitOutcome("accepted", group, dropped, evicted, (fl.round_id,) if cut else ()), True
         return SubmitOutcome("accepted", num_evicted=evicted), False
@@ -228,6 +230,11 @@ class Pools:
         for rel in waiting:
             self._track(rel.state)
 
+    def cut(self, st: PromptState, round_id: int) -> None:
+        """Accepted round `round_id` of `st` closed before all its samples arrived."""
+        st.cut_round_ids.append(round_id)
+        self.cut_rounds.add(round_id)
+
     def _track(self, st: PromptState) -> None:
         self.accepted_rounds.update(st.accepted_round_ids)
         self.cut_rounds.update(st.cut_round_ids)
@@ -250,6 +257,11 @@ class Pools:
         if capped:  # not even n fresh samples left: drop it (counted as unresolved)
             self.drop(st)
             return None, True
+        if not self.policy.exhausted(st) and self.policy.give_up(st, *self.context(st)):
+            if len(st.pool) >= n:  # the policy found the rest of the visit not worth its samples
+                return self._release(st, resolved=False)
+            self.drop(st)
+            return None, True
         self.queue(st)
         return None, False
 
@@ -266,6 +278,7 @@ class Pools:
         self.waiting[st.prompt_id] = Released(st, group, kept)
         self.counts["released"] += 1
         self.counts["released_partial"] += not resolved
+        self.counts["released_signal"] += logic.has_signal(rewards)
         self.counts["pool_samples_released"] += len(rewards)
         self.counts["pool_tokens_released"] += sum(len(s.token_ids) for s in st.pool)
         self.counts["tokens_kept"] += sum(len(s.token_ids) for s in group.samples)

@@ -9,7 +9,7 @@ Invariants:
 - `Outlook.exit_at[j]` is the probability that the exit rule first holds after exactly j further samples
   (exit_at[0] = 0), and sum(exit_at) + unresolved == 1 (up to float rounding);
 - `useful` <= 1 is the probability that the visit ends with both rewards in its pool (a group with a signal):
-  at the exit, or when the budget is spent without it;
+  at the exit, or when the budget is spent without it; `resolved` <= useful counts only the first;
 - results depend only on the arguments (cached, with `a` and `b` rounded to 1/GRID).
 """
 
@@ -30,6 +30,7 @@ class Outlook:
     exit_at: tuple[float, ...]  # [j] = P(the exit rule first holds after exactly j further samples)
     unresolved: float  # P(the budget is spent without the exit rule holding)
     useful: float  # P(the visit ends with both rewards in its pool)
+    resolved: float  # P(the exit rule holds with both rewards in the pool)
 
     def exit_by(self, k: int) -> float:
         """P(the exit rule holds within k further samples)."""
@@ -55,7 +56,7 @@ def outlook(a: float, b: float, num_pos: int, num_neg: int, budget: int, rule: s
 def _outlook(a: float, b: float, num_pos: int, num_neg: int, budget: int, rule_name: str, n: int) -> Outlook:
     rule = make_exit_rule(rule_name)
     exit_at = [0.0] * (budget + 1)
-    useful = 0.0
+    resolved = 0.0
     layer = {0: 1.0}  # further positives -> probability, among paths that have not exited yet
     for j in range(1, budget + 1):
         nxt: dict[int, float] = {}
@@ -68,9 +69,9 @@ def _outlook(a: float, b: float, num_pos: int, num_neg: int, budget: int, rule_n
             pos, neg = num_pos + k, num_neg + j - k
             if pos + neg >= n and rule.reached(pos, neg, n):
                 exit_at[j] += pr
-                useful += pr if pos and neg else 0.0
+                resolved += pr if pos and neg else 0.0
             else:
                 layer[k] = pr
     unresolved = sum(layer.values())
-    useful += sum(pr for k, pr in layer.items() if num_pos + k and num_neg + budget - k)
-    return Outlook(tuple(exit_at), unresolved, min(1.0, useful))
+    useful = resolved + sum(pr for k, pr in layer.items() if num_pos + k and num_neg + budget - k)
+    return Outlook(tuple(exit_at), unresolved, min(1.0, useful), min(1.0, resolved))

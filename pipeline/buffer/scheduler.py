@@ -104,6 +104,7 @@ class Scheduler:
         self._counts = dict.fromkeys(COUNTERS, 0)
         self.pools = Pools(sampling, buffer, self.rule, self.policy, self._rng, self._counts)
         self.admission = Admission(prompts, self.policy)
+        self.pools.context = lambda st: (self._history(st), self._prior())
         self._learner_version = 0
         self.leases = Leases(buffer)
         self._rounds = self.leases.rounds  # round_id in flight -> prompt_id, in issue order
@@ -301,7 +302,8 @@ class Scheduler:
         if cut >= 100 and c["samples_received"] and c["tokens_received"]:
             per_cut = (c["tokens_aborted"] + c["tokens_discarded"]) / cut
             waste = per_cut / (c["tokens_received"] / c["samples_received"])
-        return self.admission.prior(waste)
+        received = c["samples_received"]
+        return self.admission.prior(waste, c["released_signal"] / received if received else 0.0)
 
     def _admit(self, now: float) -> PromptState:
         deferred = self.admission.deferrals
@@ -317,7 +319,9 @@ class Scheduler:
         st.rounds_issued += 1
         self.leases.add(round_id, st.prompt_id, producer_id)
         self._counts["rounds_issued"] += 1
-        return P.RoundAssignment(round_id, st.prompt_id, st.prompt, st.answer, size, self.buffer.lease_s)
+        # samples are streamed only when the exit rule is checked per sample (else a whole result suffices)
+        return P.RoundAssignment(round_id, st.prompt_id, st.prompt, st.answer, size, self.buffer.lease_s,
+                                 stream=self.pools.exit_check != "round")
 
     def _cancel(self, st: PromptState, counter: str) -> None:
         fl = st.in_flight
@@ -327,9 +331,15 @@ class Scheduler:
         self._counts[counter] += 1
         self._counts["samples_discarded"] += len(fl.held)  # arrived, never joined: the round starts over
         self._counts["tokens_discarded"] += sum(len(s.token_ids) for s in fl.held.values())
+        if fl.round_index >= 0:  # some samples arrived: the stragglers are late, not duplicates
+            self.pools.cut(st, fl.round_id)
         self.pools.queue(st)
 
     # ------------------------------------------------------------ observation
+
+    def in_flight(self, round_id: int) -> bool:
+        """Whether training round `round_id` is out at a producer (its samples may still be accepted)."""
+        return round_id in self._rounds
 
     @property
     def learner_version(self) -> int:

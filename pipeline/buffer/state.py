@@ -135,7 +135,7 @@ class PromptState(msgspec.Struct):
     accepted_round_ids: list[int] = []  # to tell a duplicate result from a late one while the prompt lives
     in_flight: InFlight | None = None
     num_received: int = 0  # samples that arrived for its rounds (stale ones too): the visit's cost
-    cut_round_ids: list[int] = []  # accepted rounds the exit rule cut short (their stragglers are late)
+    cut_round_ids: list[int] = []  # accepted rounds closed before all their samples arrived (stragglers: late)
 
     def open_round(self, round_id: int) -> int:
         """Record that round `round_id` is accepted (its first sample arrived); returns its round index."""

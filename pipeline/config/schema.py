@@ -122,6 +122,10 @@ class SamplingConfig(Section):
         'when the exit rule is checked: "prefix" (after every sample, on the finished samples in issue order: '
         'no length bias), "sample" (after every sample as they finish: exits soonest, favours short samples), '
         '"round" (when a round\'s last sample arrives: the reference)'))] = "prefix"
+    yield_floor: Annotated[float, Meta(ge=0, description=(
+        'min_cost: an example is deferred (at most 2 epochs in a row), and a visit without a signal yet given up '
+        'on, when its expected groups with a signal per sample fall below this share of the run\'s average (0 = '
+        'never; higher is cheaper per useful group but trains fewer hard prompts)'))] = 0.25
 
     def check(self) -> None:
         self.require(self.exit_rule == "fixed" or self.round_size * self.max_rounds >= self.group_size,

@@ -2,8 +2,10 @@
 
 A round of `num_samples` completions of one prompt runs as `num_samples` single-sample requests (ids
 `r{round_id}.{i}`, sample seed = round seed + i, the same as vLLM's own n > 1 fan-out). Single-sample requests
-let the engine wrapper see each sample finish, so `free_capacity` counts sequences really running, not rounds
-held up by one long sample. Rounds are independent: a long completion never holds back another round.
+let the engine wrapper see each sample finish: `free_samples` counts sequences really running, not rounds held
+up by one long sample, and `generate_round(on_sample=...)` hands each sample over the moment it finishes (the
+buffer may then end the round early). Rounds are independent: a long completion never holds back another round.
+An aborted round raises RoundAborted with how many of its samples it cut and the tokens they had generated.
 
 Version semantics: a request records the weight version the engine held when it was submitted, and every
 sample of a round carries it. A sample whose tokens span a weight update thus carries the OLDEST version that
@@ -42,7 +44,12 @@ CPU_BATCHED_TOKENS = 4096  # tokens per engine step on the CPU backend (vLLM's o
 
 
 class RoundAborted(Exception):
-    """generate_round's signal that the round was aborted: its samples must not be sent anywhere."""
+    """generate_round's signal that the round was aborted: its samples must not be sent anywhere. It carries
+    the samples the abort cut (unfinished, or never started) and the tokens they had generated (waste)."""
+
+    def __init__(self, message: str, num_aborted: int = 0, aborted_tokens: int = 0) -> None:
+        super().__init__(message)
+        self.num_aborted, self.aborted_tokens = num_aborted, aborted_tokens
 
 
 @dataclass
@@ -67,6 +74,11 @@ class _Round:
     num_live: int
     aborted: bool = False
     done_ids: set[str] = field(default_factory=set)
+    num_cut: int = 0  # samples the abort stopped (or kept from starting)
+    cut_tokens: int = 0  # tokens those had generated
+
+
+SampleCallback = Callable[[int, "Completion", np.ndarray], None]  # (index in round, sample, prompt token ids)
 
 
 def round_seed(run_seed: int, round_id: int) -> int:
@@ -172,8 +184,8 @@ class Engine:
         """Sequences submitted and not finished (running or waiting in the engine)."""
         return sum(r.num_live for r in self._rounds.values())
 
-    def free_capacity(self) -> int:
-        """Rounds of `sampling.round_size` (M) samples to ask for now: enough to fill max_num_seqs plus a queue.
+    def free_samples(self) -> int:
+        """Samples to ask for now: enough to fill max_num_seqs plus a queue (rounds vary in size).
 
         Counted in live sequences, not rounds (a round whose last sample still runs holds one slot, not M).
         The queue (max(M, max_num_seqs / 4) sequences) waits inside vLLM and takes slots the moment samples
@@ -182,8 +194,7 @@ class Engine:
         under even if it starts after a weight update.
         """
         m, max_seqs = self.sampling_cfg.round_size, self.engine_cfg.max_num_seqs
-        budget = max_seqs + max(m, max_seqs // 4)
-        return max(0, (budget - self.live_samples) // m)
+        return max(0, max_seqs + max(m, max_seqs // 4) - self.live_samples)
 
     # ---- generation ----
 
@@ -200,11 +211,13 @@ class Engine:
             output_kind=RequestOutputKind.FINAL_ONLY,  # one output per sample, when it finishes
         )
 
-    async def generate_round(self, assignment: RoundAssignment) -> RoundOutput:
+    async def generate_round(self, assignment: RoundAssignment, on_sample: SampleCallback | None = None
+                             ) -> RoundOutput:
         """Generate `assignment.num_samples` completions of its prompt. Raises RoundAborted if aborted.
 
-        The round completes when its last sample finishes. Raises ValueError for a round id already running
-        and for a prompt vLLM rejects (e.g. longer than max_model_len).
+        The round completes when its last sample finishes; `on_sample(index, completion, prompt_token_ids)` is
+        called as each one finishes (never for a sample the abort cut). Raises ValueError for a round id already
+        running and for a prompt vLLM rejects (e.g. longer than max_model_len).
         """
         from vllm.exceptions import VLLMClientError
 
@@ -222,7 +235,8 @@ class Engine:
             engine_input = self._render(assignment.prompt)
             params = [self._sampling_params(base_seed + i, assignment.max_new_tokens) for i in range(len(request_ids))]
             outs = await asyncio.gather(*(
-                self._one(engine_input, req_id, p, state) for req_id, p in zip(request_ids, params)))
+                self._one(engine_input, req_id, p, state, i, version, on_sample)
+                for i, (req_id, p) in enumerate(zip(request_ids, params))))
         except BaseException as exc:
             # a failed (or cancelled) sample: stop its siblings too, then re-raise
             await self._abort_ids([r for r in request_ids if r not in state.done_ids])
@@ -232,7 +246,11 @@ class Engine:
         finally:
             del self._rounds[rid]
         if state.aborted:
-            raise RoundAborted(f"round {rid} was aborted")
+            if on_sample is None:  # its finished samples are never sent either: waste too
+                done = [o for o in outs if o is not None]
+                state.num_cut += len(done)
+                state.cut_tokens += sum(len(o.outputs[0].token_ids) for o in done)
+            raise RoundAborted(f"round {rid} was aborted", state.num_cut, state.cut_tokens)
         prompt_ids = np.asarray(outs[0].prompt_token_ids, dtype=np.int32)
         return RoundOutput(prompt_ids, [_completion(o.outputs[0], version) for o in outs])
 
@@ -246,21 +264,25 @@ class Engine:
         (engine_input,) = self.llm.renderer.render_cmpl([parsed])
         return engine_input
 
-    async def _one(self, engine_input: dict, request_id: str, params: Any, state: _Round) -> Any:
+    async def _one(self, engine_input: dict, request_id: str, params: Any, state: _Round, index: int,
+                   version: int, on_sample: SampleCallback | None) -> Any:
         final = None
         try:
-            if state.aborted:  # aborted before this sample was submitted
-                return None
-            async for out in self.llm.generate(dict(engine_input), params, request_id):
-                final = out
+            if not state.aborted:  # else: aborted before this sample was submitted
+                async for out in self.llm.generate(dict(engine_input), params, request_id):
+                    final = out
         finally:
             state.num_live -= 1
             state.done_ids.add(request_id)
             if self.on_sample_done is not None:
                 self.on_sample_done()
         if state.aborted:
+            state.num_cut += 1
+            state.cut_tokens += len(final.outputs[0].token_ids) if final is not None else 0
             return None
-        assert final is not None and final.finished, f"request {request_id} ended without a final output"
+        assert final.finished, f"request {request_id} ended without a final output"
+        if on_sample is not None:
+            on_sample(index, _completion(final.outputs[0], version), np.asarray(final.prompt_token_ids, np.int32))
         return final
 
     async def abort(self, round_id: int) -> bool:

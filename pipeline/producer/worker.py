@@ -1,14 +1,23 @@
 """The producer process: asks the buffer for rounds, generates and scores them, streams the results back.
 
 One asyncio loop runs everything: the vLLM engine's output handler, the request loop (at most ONE WorkRequest
-outstanding, for min(free capacity, producers.max_rounds) rounds), one task per round (generate -> score in
-the reward pool's processes -> send RoundResult), the control channel (weights, aborts, shutdown) and a 1 s
-heartbeat. Nothing blocking runs on the loop: scoring happens in worker processes (or a thread).
+outstanding, for up to producers.max_rounds rounds and the engine's free samples), one task per round
+(generate -> score in the reward pool's processes -> send), the control channel (weights, aborts, shutdown),
+the flusher and a 1 s heartbeat. Nothing blocking runs on the loop: scoring happens in worker processes (or a
+thread).
+
+A round whose assignment says `stream` is reported sample by sample: each sample is scored the moment it
+finishes and queued; the flusher sends everything queued, of any rounds, as one SampleResults every FLUSH_S (so
+samples that finish in the same engine steps travel together, never one message per token). When the buffer
+aborts such a round (its prompt exited), the rest of its samples are aborted in the engine, and the next flush
+reports how many were cut and the tokens they had generated (samples queued but not sent yet are dropped and
+counted the same way). Other rounds (evaluation, or a buffer that checks whole rounds) get one RoundResult.
 
 Invariants:
-- every round this producer accepted gets exactly one RoundResult, unless it was aborted (by the buffer, or
-  by us at shutdown after the grace period) or the engine died: then nothing is sent and the buffer re-issues
-  the round when its lease runs out;
+- every round this producer accepted gets exactly one RoundResult, or each of its samples once in a
+  SampleResults, unless it was aborted (by the buffer, or by us at shutdown after the grace period) or the
+  engine died: then what is left is not sent (an abort is reported as counts) and the buffer re-issues the
+  round when its lease runs out;
 - every sample carries the weight version its request was submitted under (see engine.py);
 - a WorkRequest without a reply within `request_timeout_s` is sent again (the buffer may have restarted;
   ZeroMQ reconnects by itself).
@@ -24,13 +33,17 @@ import signal
 import time
 from typing import Any
 
+import numpy as np
+
 from pipeline import protocol as P
 from pipeline.config import Config
+from pipeline.producer.outbox import Outbox
 from pipeline.producer.stats import ProducerStats
 
 log = logging.getLogger(__name__)
 
 MAX_EARLY_ABORTS = 4096  # remembered aborts of rounds this producer has not (yet) started
+FLUSH_S = 0.005  # streamed samples are sent at most this long after they finish, batched
 
 
 class Producer:
@@ -49,6 +62,8 @@ class Producer:
         self._aborted: set[int] = set()
         # aborts of rounds not started yet (an Abort can overtake the Assignments it refers to)
         self._early_aborts: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._outbox = Outbox()  # streamed samples and abort counts not sent yet
+        self._outbox_ready = asyncio.Event()
         self._pending_weights: P.WeightAnnouncement | None = None
         self._weights_ready = asyncio.Event()
         self._load_lock = asyncio.Lock()
@@ -68,7 +83,8 @@ class Producer:
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (tests)
                 pass
         helpers = [asyncio.create_task(c) for c in (self._recv_loop(), self._control_loop(),
-                                                     self._heartbeat_loop(), self._weights_loop())]
+                                                     self._heartbeat_loop(), self._weights_loop(),
+                                                     self._flush_loop())]
         for t in helpers:
             t.add_done_callback(self._check_task)
         try:
@@ -78,6 +94,7 @@ class Producer:
             for t in helpers:
                 t.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+            await self._flush()
             await self._send_heartbeat()
         return self.exit_code
 
@@ -101,14 +118,15 @@ class Producer:
     async def _request_loop(self) -> None:
         max_rounds = self.cfg.producers.max_rounds
         while not self._stop.is_set():
-            num = min(self.engine.free_capacity(), max_rounds)
+            samples = self.engine.free_samples()
+            num = min(samples, max_rounds)
             if num <= 0:
                 self._capacity.clear()
                 await _wait_first(self._capacity.wait(), self._stop.wait(), timeout=1.0)
                 continue
             self._reply = asyncio.get_running_loop().create_future()
             sent = time.monotonic()
-            await self.client.send(P.WorkRequest(self.id, num, self.engine.version))
+            await self.client.send(P.WorkRequest(self.id, num, self.engine.version, samples))
             await _wait_first(self._reply, self._stop.wait(), timeout=self.request_timeout_s)
             if self._stop.is_set():
                 break
@@ -158,11 +176,20 @@ class Producer:
         from pipeline.producer.engine import RoundAborted
 
         start = time.monotonic()
+        scoring: list[asyncio.Task] = []
+
+        def on_sample(index: int, c: Any, prompt_ids: np.ndarray) -> None:
+            scoring.append(asyncio.create_task(self._score_sample(a, index, c, prompt_ids)))
+
         try:
             try:
-                out = await self.engine.generate_round(a)
-            except RoundAborted:
+                out = await self.engine.generate_round(a, on_sample if a.stream else None)
+            except RoundAborted as exc:
                 self.counts["rounds_aborted"] += 1
+                await asyncio.gather(*scoring)
+                if a.stream:
+                    self._outbox.aborted(a.round_id, a.prompt_id, exc.num_aborted, exc.aborted_tokens)
+                    self._outbox_ready.set()
                 return
             except Exception as exc:  # noqa: BLE001 - decide below whether the engine is gone
                 if self.engine.is_dead:
@@ -177,6 +204,11 @@ class Producer:
                 return
             gen_seconds = time.monotonic() - start
             self._capacity.set()
+            num_tokens = sum(len(c.token_ids) for c in out.completions)
+            if a.stream:
+                await asyncio.gather(*scoring)
+                self.stats.round_done(len(out.completions), num_tokens)
+                return
             rewards = await self._score([c.text for c in out.completions], a.answer)
             if a.round_id in self._aborted:
                 self.counts["rounds_aborted"] += 1
@@ -185,13 +217,40 @@ class Producer:
                        for c, r in zip(out.completions, rewards)]
             await self.client.send(P.RoundResult(self.id, a.round_id, a.prompt_id, out.prompt_token_ids,
                                                  samples, gen_seconds, a.kind))
-            self.stats.round_done(len(samples), sum(len(c.token_ids) for c in out.completions))
+            self.stats.round_done(len(samples), num_tokens)
         finally:
+            for t in scoring:
+                t.cancel()
             self._rounds.pop(a.round_id, None)
             self._aborted.discard(a.round_id)
+            self._outbox.forget(a.round_id)
             self._capacity.set()
             if not self._rounds:
                 self.stats.set_busy(False)
+
+    # ---- streamed samples ----
+
+    async def _score_sample(self, a: P.RoundAssignment, index: int, c: Any, prompt_ids: np.ndarray) -> None:
+        """Score one finished sample of streamed round `a` and queue it (or count it, if the round was aborted)."""
+        (reward,) = await self._score([c.text], a.answer)
+        if a.round_id in self._aborted:
+            self._outbox.aborted(a.round_id, a.prompt_id, 1, len(c.token_ids))
+        else:
+            sample = P.Sample(c.token_ids, c.logprobs, float(reward), c.version, c.finish_reason)
+            self._outbox.add(a.round_id, a.prompt_id, index, sample, prompt_ids)
+        self._outbox_ready.set()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._outbox_ready.wait()
+            await asyncio.sleep(FLUSH_S)  # what finishes in the next engine steps travels in the same message
+            await self._flush()
+
+    async def _flush(self) -> None:
+        """Send everything queued as one SampleResults."""
+        self._outbox_ready.clear()
+        if len(self._outbox):
+            await self.client.send(P.SampleResults(self.id, self._outbox.take()))
 
     async def _score(self, completions: list[str], answer: str) -> list[float]:
         answers = [answer] * len(completions)
@@ -216,6 +275,8 @@ class Producer:
                     if rid in self._rounds:
                         if rid not in self._aborted:
                             self._aborted.add(rid)
+                            if self._outbox.has_samples(rid):  # queued, not sent: aborted as well
+                                self._outbox.aborted(rid, self._outbox.parts[rid].prompt_id)
                             await self.engine.abort(rid)
                     else:
                         self._early_aborts[rid] = None
