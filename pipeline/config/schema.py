@@ -235,12 +235,36 @@ class ProducersConfig(Section):
 
 
 class WeightsConfig(Section):
-    """Where the learner publishes weights for the producers."""
+    """How the learner's rank 0 hands new weights to the producers (pipeline/weights/)."""
 
+    transport: Annotated[Literal["file", "dist"], Meta(description=(
+        '"file": a safetensors file per version in `dir` (one machine, or a shared filesystem); "dist": '
+        'broadcast over torch.distributed from the learner\'s rank 0 into every producer\'s engine (gloo on '
+        'CPUs, NCCL on GPUs; no shared filesystem)'))] = "file"
     dir: Annotated[str, Meta(description='where rank 0 writes weight files ("" = /dev/shm/reinforce-ada-<run '
                                          'name>)')] = ""
     keep: Annotated[int, Meta(ge=1, description="weight files kept (older ones are deleted once no producer can "
                                                 "still need them)")] = 2
+    dist_host: Annotated[str, Meta(description=(
+        "dist: the learner rank 0's address that producers connect to (its rendezvous store and weight group); "
+        "producers accept weights only from this host"))] = "127.0.0.1"
+    dist_port: Annotated[int, Meta(ge=0, le=65535, description="dist: the rendezvous store's port (0 = a free "
+                                                               "port, announced with each version)")] = 0
+    dist_backend: Annotated[Literal["auto", "gloo", "nccl"], Meta(description=(
+        'dist: "auto" = NCCL when the learner runs on CUDA, else gloo'))] = "auto"
+    bucket_mb: Annotated[int, Meta(ge=1, description=(
+        "dist: parameters travel in buckets of about this many MiB (a larger tensor goes alone), so a receiver "
+        "holds one bucket at a time, never a second copy of the model"))] = 256
+    dist_timeout_s: Annotated[float, Meta(gt=0, description=(
+        "dist: a weight group that does not form, or a broadcast that does not finish, within this many seconds "
+        "fails (counted; the learner goes on and the next version re-forms the group)"))] = 120.0
+    dist_wait_s: Annotated[float, Meta(ge=0, description=(
+        "dist: after the first producer asks for a new version, wait up to this long for the group's other "
+        "members before broadcasting (a member that does not ask is left out and catches up later)"))] = 5.0
+
+    def check(self) -> None:
+        self.require(self.transport != "dist" or bool(self.dist_host.strip()), "dist_host",
+                     'must name the learner\'s address (e.g. "10.0.0.2") with `transport` = "dist"')
 
 
 class EndpointsConfig(Section):

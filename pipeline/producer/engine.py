@@ -148,6 +148,7 @@ class Engine:
         self.last_load_seconds = 0.0
         self._rounds: dict[int, _Round] = {}
         self._load_lock = asyncio.Lock()
+        self.weights_incomplete = False  # a dist transfer broke midway: paused until a full load
         self.on_sample_done: Callable[[], None] | None = None  # called when a sequence slot frees up
 
     @classmethod
@@ -309,14 +310,51 @@ class Engine:
         async with self._load_lock:
             start = time.perf_counter()
             await self.llm.collective_rpc("reload_from_file", args=(str(path),))
-            # Old-weight KV must not be reused: clear the prefix cache, and preempt running sequences so
-            # their KV is recomputed with the new weights (vLLM's own pause(clear_cache=True) does the same).
-            if not await self.llm.reset_prefix_cache(reset_running_requests=True):
-                log.warning("vLLM could not reset its prefix cache after loading weights %d", version)
-            await self.llm.update_weight_version(str(version))
-            self.version = version
-            self.last_load_seconds = time.perf_counter() - start
-            return self.last_load_seconds
+            return await self._loaded(version, start)
+
+    async def receive_weights(self, plan: Any) -> float:
+        """Receive weight version `plan.version` from the learner's broadcast (the dist transport, a
+        pipeline.weights.dist_plan.Plan) in place; returns the seconds it took. Raises if the transfer failed.
+
+        The engine is paused (requests kept, no step runs) while its workers receive. If the transfer broke after
+        a tensor reached the model, the engine stays paused (`weights_incomplete`): it generates again only once
+        a complete version is in, so no token ever comes from a mix of two versions.
+        """
+        async with self._load_lock:
+            start = time.perf_counter()
+            await self.llm.pause_generation(mode="keep", clear_cache=False)
+            try:
+                results = await self.llm.collective_rpc("receive_weights", args=(plan.encode(),))
+            except Exception:
+                self.weights_incomplete = True  # the workers may have loaded part of it
+                raise
+            failed = [r for r in results if not r["ok"]]
+            if failed:
+                self.weights_incomplete = self.weights_incomplete or any(r["touched"] for r in results)
+                if not self.weights_incomplete:
+                    await self.llm.resume_generation()
+                raise RuntimeError(f"receiving weights version {plan.version}: {failed[0]['error']}"
+                                   + (" (the engine stays paused until a complete version is in)"
+                                      if self.weights_incomplete else ""))
+            seconds = await self._loaded(plan.version, start)
+            self.weights_incomplete = False
+            await self.llm.resume_generation()
+            return seconds
+
+    async def _loaded(self, version: int, start: float) -> float:
+        # Old-weight KV must not be reused: clear the prefix cache, and preempt running sequences so
+        # their KV is recomputed with the new weights (vLLM's own pause(clear_cache=True) does the same).
+        if not await self.llm.reset_prefix_cache(reset_running_requests=True):
+            log.warning("vLLM could not reset its prefix cache after loading weights %d", version)
+        await self.llm.update_weight_version(str(version))
+        self.version = version
+        self.last_load_seconds = time.perf_counter() - start
+        return self.last_load_seconds
+
+    @property
+    def num_workers(self) -> int:
+        """The engine's worker processes (tensor x pipeline parallel): each one joins a dist weight group."""
+        return int(self.llm.vllm_config.parallel_config.world_size)
 
     @property
     def is_dead(self) -> bool:

@@ -2,50 +2,64 @@
 
 vLLM mixes this class into its worker class (`worker_extension_cls`), so its methods run inside every worker
 process and are reached with `AsyncLLM.collective_rpc(name, args=...)`. The engine core serves such calls
-between two engine steps, so a reload never races a forward pass.
+between two engine steps, so a reload never races a forward pass. Both weight transports end in `_reload`:
+`reload_from_file` reads a safetensors file (the file transport), `receive_weights` streams the learner's
+broadcast (the dist transport, pipeline/weights/dist_receive.py).
 
-Invariant: a reload either copies every tensor of the file into the model's existing parameters (same
-storage, so no CUDA graph or compiled kernel goes stale) or raises; vLLM's own `load_weights` maps checkpoint
-names onto fused parameters (qkv_proj, gate_up_proj) and shards them for tensor parallelism.
+Invariant: a reload either copies every tensor it is given into the model's existing parameters (same storage, so
+no CUDA graph or compiled kernel goes stale) or raises (or, for a broadcast, reports what reached the model);
+vLLM's own `load_weights` maps checkpoint names onto fused parameters (qkv_proj, gate_up_proj) and shards them for
+tensor parallelism.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from collections.abc import Iterator
+
+import torch
+
+from pipeline.weights.dist_plan import Plan
+from pipeline.weights.dist_receive import receive
+from pipeline.weights.file import iter_file
 
 
 class WeightReloadExtension:
-    """Methods vLLM adds to its worker: `reload_from_file(path)` copies a safetensors file into the model."""
+    """Methods vLLM adds to its worker: `reload_from_file(path)` and `receive_weights(plan)`."""
 
     def reload_from_file(self, path: str) -> dict:
         """Load every tensor of the safetensors file `path` into the model, in place.
 
-        Returns {"seconds": wall time, "num_tensors": tensors read}. Raises FileNotFoundError for a missing
-        file and ValueError for a file with no tensors (a truncated or foreign file).
+        Returns {"seconds": wall time, "num_tensors": tensors read, "refreshed": tied layers re-packed}. Raises
+        FileNotFoundError for a missing file and ValueError for a file with no tensors (a truncated or foreign file).
         """
-        from safetensors import safe_open
-
         start = time.perf_counter()
-        file = Path(path)
-        if not file.is_file():
-            raise FileNotFoundError(f"weights file {file} does not exist (the learner writes it before it "
-                                    "announces the version; was it deleted too early?)")
+        # Read one tensor at a time: peak extra memory is one tensor, not a second copy of the model.
+        info = self._reload(iter_file(path))
+        if info["num_tensors"] == 0:
+            raise ValueError(f"weights file {path} holds no tensors")
+        return {**info, "seconds": time.perf_counter() - start}
+
+    def receive_weights(self, plan: bytes) -> dict:
+        """Receive the learner's broadcast of one version (an encoded dist Plan) into the model, in place.
+
+        Returns {"ok": True, "seconds", "num_tensors", "num_bytes", "refreshed"}, or {"ok": False, "touched": any
+        tensor reached the model, "error": why}: a failed transfer is reported, not raised.
+        """
+        return receive(self, Plan.decode(plan), self._reload)
+
+    def _reload(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> dict:
         count = 0
 
-        def tensors():
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
             nonlocal count
-            # Read one tensor at a time: peak extra memory is one tensor, not a second copy of the model.
-            with safe_open(str(file), framework="pt", device="cpu") as f:
-                for name in f.keys():
-                    count += 1
-                    yield name, f.get_tensor(name)
+            for item in tensors:
+                count += 1
+                yield item
 
-        self.model_runner.reload_weights(weights_iterator=tensors())
-        if count == 0:
-            raise ValueError(f"weights file {file} holds no tensors")
+        self.model_runner.reload_weights(weights_iterator=counted())
         refreshed = refresh_tied_cpu_kernels(self.model_runner.get_model())
-        return {"seconds": time.perf_counter() - start, "num_tensors": count, "refreshed": refreshed}
+        return {"num_tensors": count, "refreshed": refreshed}
 
 
 def refresh_tied_cpu_kernels(model) -> int:

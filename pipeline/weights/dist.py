@@ -1,0 +1,219 @@
+"""The dist transport, learner side: rank 0 hosts the rendezvous store and broadcasts each version to the engines.
+
+    publish(state, v): pack `state` into buckets (a copy: the learner trains on), keep it as the newest version,
+                       return dist://HOST:PORT/v (HOST:PORT = the store). The learner goes on at once.
+    sender thread:     producers that heard of a version ask for it in the store; the thread answers each with a
+                       Plan, forms the weight group when its members changed, and broadcasts the newest version.
+
+Membership: the group is the set of producers that asked for the version being sent. It is kept from one version
+to the next while that set stays the same (the steady state: every producer asks as soon as the buffer relays the
+announcement); a producer that starts late or restarts cannot join a formed group, so the round it asks in forms a
+new generation of the group with it (alone, if it is catching up, or with everyone at the next version), and every
+member that is told a new generation leaves the old one. After the first request for a version the thread waits up
+to `weights.dist_wait_s` for the current members; one that does not ask (dead, or busy) is left out and catches up
+when it asks. This serves producers while the learner waits for a batch, so producers that are all too stale to get
+work (all restarted, say) still catch up without the learner taking a step.
+
+Failure: a broadcast or group formation that fails (a member died: connection reset at once, else the gloo time-out
+`weights.dist_timeout_s`) is counted (`weight_broadcast_failures`) and logged; the group is dropped and re-forms at
+the next request. The learner's training loop never waits on a producer: at most the newest version and the one
+being sent are held in memory.
+
+Trust: the store and the group are not authenticated; bind weights.dist_host on a private network.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.distributed import TCPStore
+
+from pipeline import protocol as P
+from pipeline.config import WeightsConfig
+from pipeline.weights.dist_group import WeightGroup, open_group
+from pipeline.weights.dist_plan import REQUESTS, Bucket, Plan, Request, group_prefix, layout, pack, plan_key
+from pipeline.weights.uris import dist_uri
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.02  # how often the sender looks for requests
+GATHER_MIN_S = 0.2  # a round with no members to wait for still waits this long for producers asking together
+
+
+@dataclass
+class _Version:
+    version: int
+    buckets: list[Bucket]
+    data: list[torch.Tensor]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(b.nbytes for b in self.buckets)
+
+
+def resolve_backend(name: str, device: torch.device | None) -> str:
+    if name == "auto":
+        return "nccl" if device is not None and device.type == "cuda" else "gloo"
+    return name
+
+
+class DistPublisher:
+    """WeightPublisher of the dist transport (learner rank 0)."""
+
+    def __init__(self, wc: WeightsConfig, device: torch.device | None = None) -> None:
+        self.host, self.bucket_bytes = wc.dist_host, wc.bucket_mb << 20
+        self.timeout_s, self.wait_s = wc.dist_timeout_s, wc.dist_wait_s
+        self.backend = resolve_backend(wc.dist_backend, device)
+        self.device = device if self.backend == "nccl" else None
+        self.session = secrets.token_hex(4)  # tells this process's groups from those of a learner before a restart
+        # bind the store to dist_host only (TCPStore itself would listen on every interface)
+        self._sock = socket.create_server((self.host.strip("[]"), wc.dist_port), reuse_port=False,
+                                          family=socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        self.port = self._sock.getsockname()[1]
+        self.store = TCPStore(self.host.strip("[]"), self.port, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=self.timeout_s),
+                              master_listen_fd=self._sock.fileno())
+        self._lock = threading.Lock()
+        self._latest: _Version | None = None
+        self._waiting: dict[str, tuple[Request, float]] = {}  # member -> (its newest request, when it came)
+        self._group: WeightGroup | None = None
+        self._members: list[tuple[str, int]] = []  # the group's (member, workers), in rank order
+        self._served: dict[str, int] = {}  # member -> version it was last sent
+        self._gen = 0
+        self._old_keys: list[str] = []
+        self.counts = {"weight_publishes": 0, "weight_broadcasts": 0, "weight_broadcast_failures": 0,
+                       "weight_group_forms": 0, "weight_requests_malformed": 0}
+        self.gauges = {"weight_broadcast_seconds": 0.0, "weight_group_size": 0.0, "weight_bytes": 0.0}
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="weight-sender", daemon=True)
+        self._thread.start()
+        log.info("weights: dist transport (%s), rendezvous store on %s:%d", self.backend, self.host, self.port)
+
+    # ---- the learner's side of the seam ----
+
+    def publish(self, state: dict[str, torch.Tensor], version: int) -> P.WeightAnnouncement:
+        """Stage `state` as `version` (packed copy) and return its announcement; the sender thread serves it."""
+        if not state:
+            raise ValueError("refusing to publish an empty state dict")
+        buckets = layout(state, self.bucket_bytes)
+        staged = _Version(version, buckets, pack(state, buckets))
+        with self._lock:
+            assert self._latest is None or version > self._latest.version, "versions only increase"
+            self._latest = staged
+            self.counts["weight_publishes"] += 1
+            self.gauges["weight_bytes"] = float(staged.num_bytes)
+        return P.WeightAnnouncement(version, dist_uri(self.host, self.port, version), staged.num_bytes)
+
+    def stats(self) -> dict[str, float]:
+        with self._lock:
+            return {**{k: float(v) for k, v in self.counts.items()}, **self.gauges}
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=self.timeout_s + 5)
+        if self._group is not None:
+            self._group.close()
+            self._group = None
+        self._sock.close()
+
+    # ---- the sender thread ----
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            try:
+                self._collect()
+                latest = self._due()
+                if latest is None:
+                    self._closed.wait(POLL_S)
+                else:
+                    self._serve(latest)
+            except Exception:  # noqa: BLE001 - the sender must outlive any one bad round
+                log.exception("weights: the sender thread hit an error; it goes on")
+                self._closed.wait(1.0)
+
+    def _collect(self) -> None:
+        """Move the queued requests into `_waiting` (a member's newer request replaces its older one)."""
+        now = time.monotonic()
+        while self.store.queue_len(REQUESTS) > 0:
+            raw = self.store.queue_pop(REQUESTS, block=False)
+            try:
+                req = Request.decode(raw)
+            except (ValueError, KeyError, TypeError) as exc:
+                self.counts["weight_requests_malformed"] += 1
+                log.warning("weights: dropped a malformed request: %s", exc)
+                continue
+            old = self._waiting.get(req.member)
+            self._waiting[req.member] = (req, old[1] if old else now)
+
+    def _due(self) -> _Version | None:
+        """The version to send now, once the members this round waits for have asked (or waited long enough)."""
+        with self._lock:
+            latest = self._latest
+        if latest is None or not self._waiting:
+            return None
+        waited = time.monotonic() - min(t for _, t in self._waiting.values())
+        expected = {m for m, _ in self._members if self._served.get(m, -1) < latest.version}
+        if expected and expected <= self._waiting.keys():
+            return latest
+        return latest if waited >= max(GATHER_MIN_S, self.wait_s if expected else 0.0) else None
+
+    def _serve(self, latest: _Version) -> None:
+        for key in self._old_keys:  # the plans of the previous round were read by now (its members joined)
+            self.store.delete_key(key)
+        self._old_keys = []
+        reqs = [req for req, _ in sorted(self._waiting.values(), key=lambda r: r[0].member)]
+        self._waiting.clear()
+        for req in [r for r in reqs if r.version > latest.version]:  # e.g. a request to a learner before a restart
+            self.store.set(plan_key(req.member, req.seq),
+                           f'{{"error": "the learner holds version {latest.version} < {req.version}"}}'.encode())
+        reqs = [r for r in reqs if r.version <= latest.version]
+        if not reqs:
+            return
+        members = [(r.member, r.workers) for r in reqs]
+        reuse = self._group is not None and members == self._members
+        if not reuse:
+            self._drop_group()
+            self._gen += 1
+        world, rank = 1 + sum(w for _, w in members), 1
+        for r in reqs:
+            key = plan_key(r.member, r.seq)
+            self.store.set(key, Plan(self.session, self._gen, rank, world, latest.version, self.backend,
+                                     self.host.strip("[]"), self.port, self.timeout_s, latest.buckets).encode())
+            self._old_keys.append(key)
+            rank += r.workers
+        t0 = time.perf_counter()
+        try:
+            if not reuse:
+                self._group = open_group(self.backend, self.store, group_prefix(self.session, self._gen), 0, world,
+                                         self.timeout_s, self.host.strip("[]"), self.device)
+                self._members = members
+                self.counts["weight_group_forms"] += 1
+            for buf in latest.data:
+                self._group.broadcast(buf)
+        except Exception as exc:  # noqa: BLE001 - a member died or never joined: count it, drop the group
+            with self._lock:
+                self.counts["weight_broadcast_failures"] += 1
+            log.warning("weights: broadcasting version %d to %s failed after %.1f s: %s; the group re-forms at the "
+                        "next request", latest.version, [m for m, _ in members], time.perf_counter() - t0, exc)
+            self._drop_group()
+            return
+        seconds = time.perf_counter() - t0
+        self._served = {m: latest.version for m, _ in members}
+        with self._lock:
+            self.counts["weight_broadcasts"] += 1
+            self.gauges["weight_broadcast_seconds"] = seconds
+            self.gauges["weight_group_size"] = float(len(members))
+        log.info("weights: version %d (%.1f MiB) sent to %d producer(s) in %.3f s%s", latest.version,
+                 latest.num_bytes / 2**20, len(members), seconds, "" if reuse else f" (group {self._gen})")
+
+    def _drop_group(self) -> None:
+        if self._group is not None:
+            self._group.close()
+        self._group, self._members, self._served = None, [], {}

@@ -1,0 +1,83 @@
+"""The dist transport, producer side: ask the learner's store for the newest version, then let the engine's workers
+receive it (dist_receive.py) while the engine is paused.
+
+A producer is a new member each time it starts (its name gets a random suffix): a restarted producer never takes
+the place of its former self in a formed group, it asks and the learner forms a group with it. Requests and plans
+go through the learner's TCPStore (dist_plan.py); the wait for a plan runs in a thread, so the producer's loop goes
+on serving rounds meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import re
+import secrets
+import threading
+import time
+from typing import Any
+
+from torch.distributed import TCPStore
+
+from pipeline import protocol as P
+from pipeline.config import WeightsConfig
+from pipeline.weights.dist_plan import REQUESTS, Plan, Request, plan_key
+from pipeline.weights.uris import parse_dist_uri
+
+PLAN_POLL_S = 0.02
+CONNECT_TIMEOUT_S = 30.0
+
+
+class DistLoader:
+    """WeightLoader of the dist transport."""
+
+    def __init__(self, wc: WeightsConfig, engine: Any, member: str) -> None:
+        self.wc, self.engine = wc, engine
+        self.member = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', member)[:64]}-{secrets.token_hex(3)}"
+        self._store: TCPStore | None = None
+        self._address: tuple[str, int] | None = None
+        self._seq = 0
+
+    async def load(self, ann: P.WeightAnnouncement) -> float:
+        """Ask for `ann`'s version (the learner sends its newest), receive it in place; the seconds it took."""
+        start = time.perf_counter()
+        host, port, version = parse_dist_uri(ann.uri)
+        cancelled = threading.Event()
+        try:
+            plan = await asyncio.to_thread(self._ask, host.strip("[]"), port, version, cancelled)
+        except asyncio.CancelledError:
+            cancelled.set()  # the thread stops polling (else shutdown would wait for it)
+            raise
+        await self.engine.receive_weights(plan)
+        return time.perf_counter() - start
+
+    def _ask(self, host: str, port: int, version: int, cancelled: threading.Event) -> Plan:
+        """Queue a request in the learner's store and wait for its plan (blocking: runs in a thread)."""
+        try:
+            store = self._connect(host, port)
+            self._seq += 1
+            store.queue_push(REQUESTS, Request(self.member, self._seq, version, self.engine.num_workers).encode())
+            key = plan_key(self.member, self._seq)
+            # the learner answers once the round's members asked (dist_wait_s) and its previous round is sent
+            deadline = time.monotonic() + self.wc.dist_wait_s + 2 * self.wc.dist_timeout_s
+            while not store.check([key]):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the learner at {host}:{port} did not answer the request for weights "
+                                       f"version {version} in time")
+                if cancelled.wait(PLAN_POLL_S):
+                    raise TimeoutError("the weight request was cancelled")
+            raw = store.get(key)
+        except Exception:
+            self._store = None  # reconnect next time: the learner may have restarted
+            raise
+        return Plan.decode(raw)
+
+    def _connect(self, host: str, port: int) -> TCPStore:
+        if self._store is None or self._address != (host, port):
+            self._store = TCPStore(host, port, is_master=False,
+                                   timeout=datetime.timedelta(seconds=min(CONNECT_TIMEOUT_S, self.wc.dist_timeout_s)))
+            self._address = (host, port)
+        return self._store
+
+    def close(self) -> None:
+        self._store = None

@@ -1,0 +1,84 @@
+"""The dist transport inside a vLLM worker: join the weight group the plan names and stream the broadcast buckets
+into the model's own parameters (`reload_weights(weights_iterator=...)`), one bucket in memory at a time.
+
+Runs in the worker process (called by worker_ext.WeightReloadExtension.receive_weights between engine steps). The
+worker keeps its group from one version to the next and leaves it when a plan names another generation.
+
+Never raises for a failed transfer; it reports {"ok": False, "touched": ..., "error": ...}. `touched` says whether
+any tensor reached the model: a transfer that breaks after that leaves the model with a mix of two versions (vLLM
+finishes the reload with what it got), so the engine must not generate until a complete version is in (engine.py
+keeps it paused). A failure before the first bucket arrives leaves the model as it was.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.distributed import TCPStore
+
+from pipeline.weights.dist_group import WeightGroup, open_group
+from pipeline.weights.dist_plan import Plan, group_prefix, local_address, unpack
+
+_ATTR = "_reinforce_ada_weight_group"  # (session, gen, group) on the worker object
+
+
+def receive(worker: Any, plan: Plan, reload: Callable[[Iterator[tuple[str, torch.Tensor]]], dict]) -> dict:
+    """Receive `plan`'s version into the worker's model through `reload` (which feeds vLLM's reload_weights)."""
+    start = time.perf_counter()
+    try:
+        group = _group_for(worker, plan)
+        first = group.receive(plan.buckets[0].nbytes)
+    except Exception as exc:  # noqa: BLE001 - reported to the producer, which retries
+        leave(worker)
+        return {"ok": False, "touched": False, "error": f"{type(exc).__name__}: {exc}"}
+    progress = {"touched": False, "error": None, "num_tensors": 0}
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        buf = first
+        for i, bucket in enumerate(plan.buckets):
+            if i:
+                try:
+                    buf = group.receive(bucket.nbytes)  # a fresh buffer: vLLM may hold views until a layer is full
+                except Exception as exc:  # noqa: BLE001 - end the iterator so vLLM finishes its reload cleanly
+                    progress["error"] = exc
+                    return
+            for name, tensor in unpack(buf, bucket):
+                progress["touched"] = True
+                progress["num_tensors"] += 1
+                yield name, tensor
+
+    info = reload(tensors())
+    if progress["error"] is not None:
+        leave(worker)
+        exc = progress["error"]
+        return {"ok": False, "touched": progress["touched"], "error": f"{type(exc).__name__}: {exc}"}
+    return {"ok": True, "touched": True, "seconds": time.perf_counter() - start,
+            "num_tensors": progress["num_tensors"], "num_bytes": plan.num_bytes, **info}
+
+
+def _group_for(worker: Any, plan: Plan) -> WeightGroup:
+    """The worker's group of `plan`'s generation: the one it holds, or a new one (leaving the old)."""
+    held = getattr(worker, _ATTR, None)
+    if held is not None and held[:2] == (plan.session, plan.gen):
+        return held[2]
+    leave(worker)
+    timeout = datetime.timedelta(seconds=plan.timeout_s)
+    store = TCPStore(plan.host, plan.port, is_master=False, timeout=timeout)
+    rank = plan.rank + int(worker.parallel_config.rank)  # tensor-parallel workers take consecutive ranks
+    device = worker.device if plan.backend == "nccl" else None
+    group = open_group(plan.backend, store, group_prefix(plan.session, plan.gen), rank, plan.world_size,
+                       plan.timeout_s, local_address(plan.host, plan.port), device)
+    setattr(worker, _ATTR, (plan.session, plan.gen, group, store))
+    return group
+
+
+def leave(worker: Any) -> None:
+    """Close the worker's weight group, if it holds one."""
+    held = getattr(worker, _ATTR, None)
+    if held is not None:
+        setattr(worker, _ATTR, None)
+        held[2].close()

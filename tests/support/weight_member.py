@@ -1,0 +1,92 @@
+"""A member of a dist weight group without vLLM, for tests: the real DistLoader and the real worker-side receive
+(pipeline/weights/dist_receive.py), with a worker whose "model" is a dict of the tensors it received.
+
+    python -m tests.support.weight_member NAME [--slow SECONDS] -- CONFIG OVERRIDES...
+
+Reads one announcement uri per line on stdin and loads it; prints one JSON line per load:
+{"ok": true, "version": v, "sums": {name: float64 sum}} or {"ok": false, "error": "..."}. With --slow, the
+"model" sleeps that long per tensor it takes (a slow receiver, to be killed mid-broadcast); it prints
+{"receiving": v} when the first tensor arrives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+import torch
+
+from pipeline import protocol as P
+from pipeline.config import load_config
+from pipeline.weights.dist_loader import DistLoader
+from pipeline.weights.dist_plan import Plan
+from pipeline.weights.dist_receive import receive
+from pipeline.weights.uris import parse_dist_uri
+
+
+class _Parallel:
+    rank = 0
+
+
+class FakeWorker:
+    parallel_config = _Parallel()
+    device = torch.device("cpu")
+
+    def __init__(self, slow_s: float) -> None:
+        self.slow_s = slow_s
+        self.model: dict[str, torch.Tensor] = {}
+
+
+class FakeEngine:
+    """The part of pipeline.producer.engine.Engine that DistLoader uses, with one worker in a thread."""
+
+    num_workers = 1
+
+    def __init__(self, worker: FakeWorker) -> None:
+        self.worker, self.version = worker, 0
+
+    async def receive_weights(self, plan: Plan) -> float:
+        def reload(tensors):
+            for i, (name, t) in enumerate(tensors):
+                if i == 0:
+                    print(json.dumps({"receiving": plan.version}), flush=True)
+                self.worker.model[name] = t.clone()
+                time.sleep(self.worker.slow_s)
+            return {"refreshed": 0}
+
+        result = await asyncio.to_thread(receive, self.worker, Plan.decode(plan.encode()), reload)
+        if not result["ok"]:
+            raise RuntimeError(f"receive failed (touched={result['touched']}): {result['error']}")
+        self.version = plan.version
+        return result["seconds"]
+
+
+async def serve(loader: DistLoader, engine: FakeEngine) -> None:
+    for line in sys.stdin:
+        uri = line.strip()
+        if not uri:
+            continue
+        version = parse_dist_uri(uri)[2]
+        try:
+            await loader.load(P.WeightAnnouncement(version, uri, 0))
+            sums = {k: float(v.double().sum()) for k, v in engine.worker.model.items()}
+            print(json.dumps({"ok": True, "version": engine.version, "sums": sums}), flush=True)
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("name")
+    parser.add_argument("--slow", type=float, default=0.0)
+    args, overrides = parser.parse_known_args()
+    cfg = load_config(None, [o for o in overrides if o != "--"])
+    engine = FakeEngine(FakeWorker(args.slow))
+    asyncio.run(serve(DistLoader(cfg.weights, engine, args.name), engine))
+
+
+if __name__ == "__main__":
+    main()
