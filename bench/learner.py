@@ -123,7 +123,7 @@ def bench_publish(state, tmp_shm: Path, reps: int) -> dict:
     """publish_weights vs copying the same tensors into preallocated and into freshly allocated memory."""
     import torch
 
-    from pipeline.consumer.weights import publish_weights
+    from pipeline.weights.file import publish_weights
 
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     dst = {k: torch.empty_like(v) for k, v in state.items()}

@@ -30,8 +30,8 @@ from pipeline.consumer.learner import Learner
 from pipeline.consumer.loop import _step_line
 from pipeline.consumer.main import main
 from pipeline.consumer.model import load_model, token_logprobs
-from pipeline.consumer.weights import iter_weights, publish_weights, published_versions
 from pipeline.transport import free_port, free_port_pair
+from pipeline.weights.file import iter_file, publish_weights, published_versions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -136,7 +136,7 @@ def test_tied_embeddings_publish_once(tmp_path, groups):
     state = learner.state_dict_for_publish()
     assert "model.embed_tokens.weight" in state and "lm_head.weight" not in state
     ann = learner.publish()
-    assert ann.version == 1 and dict(iter_weights(ann.uri)).keys() == state.keys()
+    assert ann.version == 1 and dict(iter_file(ann.uri)).keys() == state.keys()
 
 
 def test_load_model_names_a_bad_path(tmp_path):
@@ -155,7 +155,7 @@ def test_publish_is_atomic_prunes_and_round_trips(tmp_path):
     assert ann.num_bytes == Path(ann.uri).stat().st_size
     assert published_versions(tmp_path) == [3, 4]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v000003.safetensors", "v000004.safetensors"]
-    back = dict(iter_weights(ann.uri))
+    back = dict(iter_file(ann.uri))
     assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
     with pytest.raises(ValueError, match="keep"):
         publish_weights(state, tmp_path, 5, keep=0)
@@ -318,12 +318,12 @@ def test_backends_agree_torch_ddp_zero2_zero3(tiny, groups, tmp_path):
     proc = _torchrun(tiny, gfile, tmp_path, "ddp", "zero2", "zero3", "zero3_resume")
     assert proc.returncode == 0, proc.stderr[-4000:]
     ref_losses = json.loads((tmp_path / "torch" / "metrics.json").read_text())["losses"]
-    ref = dict(iter_weights(tmp_path / "torch" / "v000002.safetensors"))
+    ref = dict(iter_file(tmp_path / "torch" / "v000002.safetensors"))
     for name in ("ddp", "zero2", "zero3"):
         meta = json.loads((tmp_path / name / "metrics.json").read_text())
         assert meta["world_size"] == 2
         assert meta["losses"] == pytest.approx(ref_losses, rel=1e-5, abs=1e-7), name
-        got = dict(iter_weights(tmp_path / name / "v000002.safetensors"))
+        got = dict(iter_file(tmp_path / name / "v000002.safetensors"))
         assert got.keys() == ref.keys(), name
         for k in ref:
             torch.testing.assert_close(got[k], ref[k], atol=2e-6, rtol=1e-5, msg=f"{name}: {k}")

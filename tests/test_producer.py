@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +19,8 @@ import pytest
 from pipeline import protocol as P
 from pipeline.config import EngineConfig, SamplingConfig, load_config
 from pipeline.producer.engine import Completion, RoundAborted, RoundOutput, _sampled_logprobs, engine_kwargs, round_seed
-from pipeline.producer.worker import Producer, weights_path
+from pipeline.producer.worker import Producer
+from pipeline.weights.uris import file_uri_problem, local_path
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,10 +35,9 @@ def test_round_seed_is_reproducible_and_spread():
 
 
 def test_weights_path():
-    assert weights_path("/dev/shm/w/v3.safetensors") == "/dev/shm/w/v3.safetensors"
-    assert weights_path("file:///dev/shm/v3.safetensors") == "/dev/shm/v3.safetensors"
-    with pytest.raises(ValueError, match="local safetensors"):
-        weights_path("tcp://10.0.0.1:5557")
+    assert local_path("/dev/shm/w/v3.safetensors") == "/dev/shm/w/v3.safetensors"
+    assert local_path("file:///dev/shm/v3.safetensors") == "/dev/shm/v3.safetensors"
+    assert "local safetensors" in file_uri_problem("tcp://10.0.0.1:5557", "/dev/shm/w")
 
 
 class _Flat:
@@ -189,7 +190,7 @@ async def _until(cond, timeout=5.0):
 
 
 def _producer(engine, client, **kw):
-    cfg = load_config(None, ["--producers.max_rounds", "3"])
+    cfg = load_config(None, ["--producers.max_rounds", "3", "--weights.dir", "/dev/shm/w"])
     return Producer(cfg, client, engine, FakePool(), "p0", heartbeat_s=0.05, **kw)
 
 
@@ -244,17 +245,17 @@ def test_worker_resends_an_unanswered_request_and_loads_announced_weights_first(
         prod = _producer(engine, client, request_timeout_s=0.2)
         task = asyncio.create_task(prod.run())
         await _until(lambda: len(client.of(P.WorkRequest)) >= 2)  # the first got no reply: asked again
-        weights = P.WeightAnnouncement(3, "file:///dev/shm/v3.safetensors", 10)
+        weights = P.WeightAnnouncement(3, "file:///dev/shm/w/v000003.safetensors", 10)
         await client.replies.put(P.Assignments([_assign(1)], 3, weights))
         await _until(lambda: client.of(P.RoundResult))
-        assert engine.loads == [("/dev/shm/v3.safetensors", 3)]
+        assert engine.loads == [("/dev/shm/w/v000003.safetensors", 3)]
         assert all(s.version == 3 for s in client.of(P.RoundResult)[0].samples)
         await _until(lambda: client.of(P.WorkRequest)[-1].version == 3)
         # an older or equal announcement on the control channel is ignored
         await client.control.put(P.VersionUpdate(3, weights))
-        await client.control.put(P.VersionUpdate(5, P.WeightAnnouncement(5, "/w/v5.safetensors", 10)))
+        await client.control.put(P.VersionUpdate(5, P.WeightAnnouncement(5, "/dev/shm/w/v000005.safetensors", 10)))
         await _until(lambda: engine.version == 5)
-        assert engine.loads[1:] == [("/w/v5.safetensors", 5)]
+        assert engine.loads[1:] == [("/dev/shm/w/v000005.safetensors", 5)]
         prod.stop("test")
         assert await asyncio.wait_for(task, 5) == 0
         beat = client.of(P.Heartbeat)[-1]
@@ -484,7 +485,8 @@ def producer_proc(models):
            "--control-port", str(buf.control_port), "--id", "p-test", "--model", str(models[0][0]),
            "--sampling.round_size", "4", "--sampling.max_new_tokens", "48", "--sampling.temperature", "1.0",
            "--producers.engine.max_num_seqs", "16", "--producers.engine.enforce_eager", "true",
-           "--producers.reward_workers", "1", "--run.seed", "3", "--grace", "20"]
+           "--producers.reward_workers", "1", "--run.seed", "3", "--grace", "20",
+           "--weights.dir", str(models[0][0].parent / "weights")]  # the only place it loads weight files from
     # its own process group, so teardown can also reach the vLLM processes a killed producer would orphan
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, **_engine_env(), "PYTHONPATH": str(REPO)})
@@ -668,7 +670,9 @@ def test_producer_process_end_to_end(producer_proc, models):
     assert [s.token_ids.tolist() for s in buf.results[1][1].samples] == [s.token_ids.tolist() for s in res.samples]
 
     # new weights: later rounds carry version 1 and their log-probs are those of model 1
-    weights = m1 / "model.safetensors"
+    weights = m1.parent / "weights" / "v000001.safetensors"
+    weights.parent.mkdir(exist_ok=True)
+    shutil.copy(m1 / "model.safetensors", weights)
     buf.publish(P.VersionUpdate(1, P.WeightAnnouncement(1, str(weights), weights.stat().st_size)))
     buf.wait(lambda: buf.beats and buf.beats[-1].version == 1, 30, "the weights to load")
     assert buf.beats[-1].stats["last_weight_load_s"] > 0 and buf.requests[-1].version in (0, 1)

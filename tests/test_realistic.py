@@ -65,9 +65,9 @@ def test_engine_on_long_prompts_matches_the_learner_and_reloads_tied_weights(rea
     from pipeline import protocol as P
     from pipeline.config import EngineConfig, SamplingConfig
     from pipeline.consumer.model import load_model, token_logprobs
-    from pipeline.consumer.weights import publish_weights
     from pipeline.data import load_dataset, render_prompt
     from pipeline.producer.engine import Engine
+    from pipeline.weights.file import publish_weights
 
     tok = AutoTokenizer.from_pretrained(realistic_model_dir)
     examples = load_dataset(problems)[:64]

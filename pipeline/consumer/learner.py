@@ -32,7 +32,7 @@ from pipeline.consumer import batching, checkpoint
 from pipeline.consumer import loss as loss_mod
 from pipeline.consumer.backends import make_backend
 from pipeline.consumer.model import PolicyModule, load_model
-from pipeline.consumer.weights import publish_weights
+from pipeline.weights import WeightPublisher, make_publisher
 
 if TYPE_CHECKING:
     from pipeline.config import Config
@@ -58,6 +58,8 @@ class Learner:
         self.optimizer_steps = 0
         self.skipped_steps = 0  # optimizer steps skipped (non-finite loss or gradients) since this process started
         self.publish_dtype = getattr(torch, cfg.model.dtype)
+        # rank 0 hands each version to the producers (weights.transport: a file, or a broadcast)
+        self.publisher: WeightPublisher | None = make_publisher(cfg, self.device) if self.rank == 0 else None
         self.loss_cfg = loss_mod.LossConfig.from_learner(lc)
 
     # ------------------------------------------------------------------ training
@@ -174,13 +176,14 @@ class Learner:
         """
         return self.backend.full_state_dict(self.publish_dtype)
 
-    def publish(self, keep: int | None = None) -> P.WeightAnnouncement | None:
-        """Write the current weights as version `self.version` (rank 0); returns the announcement or None."""
+    def publish(self) -> P.WeightAnnouncement | None:
+        """Publish the current weights as version `self.version` (collective under ZeRO-3); returns the
+        announcement on rank 0, None elsewhere."""
         state = self.state_dict_for_publish()
         if state is None:
             return None
-        return publish_weights(state, self.cfg.weights_dir, self.version,
-                               self.cfg.weights.keep if keep is None else keep)
+        assert self.publisher is not None, "rank 0 holds the publisher"
+        return self.publisher.publish(state, self.version)
 
     @property
     def checkpoint_root(self) -> Path:

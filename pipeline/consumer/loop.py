@@ -1,7 +1,8 @@
 """The learner process's loop (every rank): fetch a batch, train, publish, announce, checkpoint.
 
 Only rank 0 talks to the buffer; it shares each step's batch (or error, or stop) with the other ranks (ranks.py).
-Invariant: version v+1 is announced (VersionUpdate) only after its weight file is complete on disk.
+Invariant: version v+1 is announced (VersionUpdate) only once producers can load it (its weight file is complete
+on disk, or its broadcast is staged: pipeline/weights/).
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def run(cfg: Config, connect: str | None = None, resume: bool = False) -> int:
             metrics["learner_busy"] = metrics["step_seconds"] / max(1e-9, time.perf_counter() - t_wait)
             if rank0:
                 client.send(P.VersionUpdate(learner.version, ann))
+                metrics.update(learner.publisher.stats())  # weight_*: publishes, broadcasts and their failures
                 metrics.update(batch.metrics)  # already namespaced by the buffer (buffer/*, eval/*, producers/*)
                 metrics["time"] = time.time()
                 with open(cfg.run_dir / "metrics.jsonl", "a") as f:
@@ -120,6 +122,8 @@ def run(cfg: Config, connect: str | None = None, resume: bool = False) -> int:
     finally:
         if client is not None:
             client.close()
+        if learner.publisher is not None:
+            learner.publisher.close()
     return 0
 
 

@@ -7,7 +7,7 @@ import time
 
 RATE_WINDOW_S = 10.0  # tokens/s is measured over this trailing window
 COUNTERS = ("rounds_done", "rounds_aborted", "rounds_failed", "samples_done", "tokens_done", "weight_loads",
-            "weight_load_errors", "request_timeouts", "engine_errors")  # always present, from 0
+            "weight_load_errors", "weight_load_refused", "request_timeouts", "engine_errors")  # always present, from 0
 
 
 class ProducerStats:

@@ -39,11 +39,13 @@ from pipeline import protocol as P
 from pipeline.config import Config
 from pipeline.producer.outbox import Outbox
 from pipeline.producer.stats import ProducerStats
+from pipeline.weights import make_loader, uri_problem, version_problem
 
 log = logging.getLogger(__name__)
 
 MAX_EARLY_ABORTS = 4096  # remembered aborts of rounds this producer has not (yet) started
 FLUSH_S = 0.005  # streamed samples are sent at most this long after they finish, batched
+RETRY_S = 2.0  # a failed weight load is tried again after this long (unless newer weights come first)
 
 
 class Producer:
@@ -67,6 +69,7 @@ class Producer:
         self._pending_weights: P.WeightAnnouncement | None = None
         self._weights_ready = asyncio.Event()
         self._load_lock = asyncio.Lock()
+        self.loader = make_loader(cfg, engine, producer_id)  # weights.transport: file or dist
         self.learner_version = 0
         self.stats = ProducerStats()
         self.counts = self.stats.counts
@@ -297,22 +300,39 @@ class Producer:
                 await self._load_weights(w)
 
     async def _load_weights(self, w: P.WeightAnnouncement) -> None:
-        """Load `w` unless the engine already holds it or newer. A failed load keeps the old weights."""
+        """Load `w` (through the run's weight transport) unless the engine already holds it or newer.
+
+        An announcement this run's transport would not publish (another place, another transport) or beyond the
+        buffer's learner version + 1 is refused and counted (`weight_load_refused`), never loaded. A failed load
+        keeps the old weights (or, for a broadcast that broke midway, keeps the engine paused) and is tried again
+        after RETRY_S unless a newer version comes first."""
         async with self._load_lock:
             if w.version <= self.engine.version:
                 return
+            problem = uri_problem(w, self.cfg) or version_problem(w, self.learner_version)
+            if problem:
+                self.counts["weight_load_refused"] += 1
+                log.error("refused weights version %d: %s", w.version, problem)
+                return
             try:
-                seconds = await self.engine.load_weights(weights_path(w.uri), w.version)
+                seconds = await self.loader.load(w)
             except Exception as exc:  # noqa: BLE001 - keep generating with the weights we have
                 if self.engine.is_dead:
                     self.stop(f"the engine died loading weights: {exc!r}", grace_s=0.0, exit_code=1)
                     return
                 self.counts["weight_load_errors"] += 1
-                log.error("could not load weights version %d from %s: %s", w.version, w.uri, exc)
+                log.error("could not load weights version %d from %s: %s; trying again in %.0f s", w.version,
+                          w.uri, exc, RETRY_S)
+                asyncio.get_running_loop().call_later(RETRY_S, self._retry_weights, w)
                 return
         self.counts["weight_loads"] += 1
-        log.info("loaded weights version %d in %.3f s", w.version, seconds)
+        log.info("loaded weights version %d in %.3f s", self.engine.version, seconds)
         await self._send_heartbeat()  # tell the buffer the new version at once
+
+    def _retry_weights(self, w: P.WeightAnnouncement) -> None:
+        if not self._stop.is_set() and w.version > max(self.engine.version, self._pending_version()):
+            self._pending_weights = w
+            self._weights_ready.set()
 
     # ---- heartbeat ----
 
@@ -348,16 +368,6 @@ class Producer:
             _, pending = await asyncio.wait(tasks, timeout=5.0)
             for t in pending:
                 t.cancel()
-
-
-def weights_path(uri: str) -> str:
-    """The local file of a WeightAnnouncement uri (a path or file://). tcp:// is not served to producers yet."""
-    if uri.startswith("file://"):
-        return uri[len("file://"):]
-    if "://" in uri:
-        raise ValueError(f"weights uri {uri!r}: this producer loads only local safetensors files (a path or "
-                         "file://); run the producer on the learner's machine or set weights.dir to a shared path")
-    return uri
 
 
 async def _wait_first(*aws: Any, timeout: float) -> None:
