@@ -23,20 +23,22 @@ from pipeline.transport import free_port_pair
 
 RESULTS = Path(__file__).parent / "results"
 WARMUP = 2  # steps left out of the medians (engine/learner start-up)
+TOKENS = 24  # completion tokens of a scripted sample (the buffer's sampling.max_new_tokens bounds them)
 
 
 def _buffer(run_dir: Path, port: int, batch: int, staleness: int, model_dir: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "pipeline.cli", "buffer", "--model", model_dir, "--data.template", "{problem}=",
            "--endpoints.router_port", str(port),
            "--learner.batch_prompts", str(batch), "--learner.mini_batches", "1", "--learner.eval_every", "0",
-           "--buffer.max_staleness", str(staleness), "--run.dir", str(run_dir), "--run.name", "bench"]
+           "--buffer.max_staleness", str(staleness), "--sampling.max_new_tokens", str(TOKENS),
+           "--run.dir", str(run_dir), "--run.name", "bench"]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _producers(port: int, n: int, round_seconds: float, max_rounds: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-m", "bench.scripted", "producer", "--connect", f"127.0.0.1:{port}",
                               "--id", f"p{i}", "--round-seconds", str(round_seconds), "--max-rounds",
-                              str(max_rounds), "--vocab", "99", "--tokens", "24"],
+                              str(max_rounds), "--vocab", "99", "--tokens", str(TOKENS)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(n)]
 
 
