@@ -1,5 +1,7 @@
-"""Smoke test of bench/sampling: the simulation at a tiny scale drives the real Scheduler and gives sane costs."""
+"""Smoke test of bench/sampling and bench/allocation: the simulation at a tiny scale drives the real Scheduler
+and gives sane costs."""
 
+import json
 import math
 
 import numpy as np
@@ -62,3 +64,36 @@ def test_cli_writes_table_and_plot(tmp_path, capsys):
     assert "## early training" in md and "## late training" in md and "Ada-balance streaming" in md
     assert (tmp_path / "sampling.png").stat().st_size > 1000
     assert "late training" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- bench.allocation (issue #15)
+
+
+@pytest.fixture(scope="module")
+def allocation(tmp_path_factory):
+    from bench.allocation import main as allocation_main
+
+    out = tmp_path_factory.mktemp("allocation")
+    only = ["GRPO round-sync", "Ada-balance round-sync", "GRPO streaming", "Ada-balance fixed M=8",
+            "Ada-balance min_cost", "Ada-balance min_cost floor=0", "Ada-balance fixed M=8 sample"]
+    return allocation_main(["--quick", "--out", str(out), "--only", *only]), out
+
+
+def test_allocation_bench_drives_every_policy_and_reports_the_goals(allocation):
+    from pipeline.buffer.allocation import MAX_DEFERRALS
+
+    data, out = allocation
+    for pop in data["populations"].values():
+        rows = pop["rows"]
+        assert abs(sum(pop["population_hist"]) - 1) < 1e-9 and pop["oracle"]["balance_vs_grpo"] > 1
+        for name, r in rows.items():
+            assert abs(sum(r["trained_hist"]) - 1) < 1e-9 and r["time_per_useful_group"] > 0
+            assert r["max_deferral_streak"] <= MAX_DEFERRALS
+            assert (r["deferred_share"] > 0) <= (name == "Ada-balance min_cost")  # only min_cost defers
+        assert rows["GRPO round-sync"]["rounds_per_prompt"] == 1 and rows["GRPO streaming"]["unresolved_share"] == 0
+        assert rows["Ada-balance fixed M=8"]["len_bias_neg"] > rows["Ada-balance fixed M=8 sample"]["len_bias_neg"]
+    goals = data["goals"]["early"]["balance"]
+    assert goals["vs_stream_grpo"] > 1 and goals["best_fixed_m"] == 8 and goals["vs_best_fixed"] > 0
+    md = (out / "allocation.md").read_text()
+    assert "## Goals (issue #15), measured" in md and "## late training" in md and "trade-off" in md
+    assert json.loads((out / "allocation.json").read_text())["goals"] == data["goals"]
