@@ -39,6 +39,8 @@ from bench.scripted import (
 )
 from pipeline import protocol as P
 from pipeline.auth import create_token, learner_token_path
+from pipeline.buffer.service import max_frames
+from pipeline.config import load_config
 from pipeline.transport import free_port_pair
 
 MB = 1 << 20
@@ -54,8 +56,9 @@ def _sample(tokens: np.ndarray, logprobs: np.ndarray, reward: float = 1.0, versi
     return P.Sample(tokens, logprobs, reward, version, finish)
 
 
-def attack_messages(rng: random.Random, weights_dir: str = "/tmp") -> list[list[bytes]]:
-    """One burst of hostile messages from a connection without the learner role (one of each kind)."""
+def attack_messages(rng: random.Random, weights_dir: str = "/tmp", frames: int = 0) -> list[list[bytes]]:
+    """One burst of hostile messages from a connection without the learner role (one of each kind); with
+    `frames` > 0 also a message of that many frames (pass more than the buffer's max_frames)."""
     nrng = np.random.default_rng(rng.randrange(1 << 30))
     tokens = nrng.integers(0, 32, size=8, dtype=np.int32)
     forged = [_sample(tokens, np.zeros(8, np.float32), float(rng.random() < 0.5)) for _ in range(8)]
@@ -64,7 +67,7 @@ def attack_messages(rng: random.Random, weights_dir: str = "/tmp") -> list[list[
     return [
         [rng.randbytes(rng.randrange(1, 64))],  # garbage
         [_frames(P.WorkRequest("x", 1, 0))[0][:5]],  # truncated header
-        [rng.randbytes(16) for _ in range(rng.randrange(100, 300))],  # too many frames
+        [rng.randbytes(16) for _ in range(rng.randrange(100, 300))],  # many frames of garbage
         _frames(P.Heartbeat("victim", "producer", 0, stats)),  # claims another producer's name
         _frames(P.Heartbeat("x", "producer", 0, {f"s{i}": 1.0 for i in range(200)})),  # oversized
         _frames(P.Heartbeat("x", "learner", 0, {})),  # a learner's heartbeat from a producer connection
@@ -75,7 +78,7 @@ def attack_messages(rng: random.Random, weights_dir: str = "/tmp") -> list[list[
         _frames(P.VersionUpdate(10**6, P.WeightAnnouncement(10**6, f"{weights_dir}/../../etc/passwd", 1))),
         _frames(P.Shutdown("flooded")),
         [msgspec.msgpack.encode(["Exec", "rm -rf /"])],
-    ]
+    ] + ([_frames(P.MetricsRequest("x")) + [b""] * frames] if frames else [])
 
 
 def poisoned_results(rnd: P.RoundAssignment, prompt_ids: np.ndarray, max_new_tokens: int) -> dict[str, P.RoundResult]:
@@ -116,6 +119,7 @@ class Flooder:
         self.ctx = zmq.Context()
         self.socks: list[zmq.Socket] = []
         self.identities = self.messages = 0
+        self.too_many = max_frames(load_config(None, [])) + 1  # a message over the buffer's frame limit
         self.stop = threading.Event()
 
     def burst(self) -> None:
@@ -124,7 +128,8 @@ class Flooder:
         sock.setsockopt(zmq.LINGER, 200)
         sock.setsockopt(zmq.RCVHWM, 10)  # replies (parked work requests) are not read: the buffer drops them
         sock.connect(self.url)
-        for frames in attack_messages(self.rng, self.weights_dir):
+        frames_attack = self.too_many if self.identities % 10 == 0 else 0
+        for frames in attack_messages(self.rng, self.weights_dir, frames_attack):
             sock.send_multipart(frames)
             self.messages += 1
         self.identities += 1

@@ -26,6 +26,8 @@ from bench.scripted import (
 from pipeline import protocol as P
 from pipeline.auth import LEARNER, create_token, learner_token_path
 from pipeline.buffer.checks import REJECT_REASONS
+from pipeline.buffer.service import max_frames
+from pipeline.config import load_config
 from pipeline.transport import BufferClient, free_port_pair
 
 pytestmark = pytest.mark.slow
@@ -81,8 +83,17 @@ def test_a_second_client_can_neither_answer_another_producers_rounds_nor_take_ov
         impostor.send_multipart([bytes(f) for f in frames])
         impostor.send_multipart([bytes(f) for f in P.Encoder().encode(P.WorkRequest("honest", 8, 0))])
         assert not impostor.poll(1500), "the impostor is served"
+        # a message of more frames than any client sends is dropped before anything in it is decoded
+        frames = ctx.socket(zmq.DEALER)
+        frames.setsockopt(zmq.IDENTITY, b"frames")
+        frames.connect(_urls(port)[0])
+        header = [bytes(f) for f in P.Encoder().encode(P.MetricsRequest("frames"))]
+        frames.send_multipart(header + [b""] * max_frames(load_config(None, [])))
+        assert not frames.poll(1500), "a message over the frame limit is answered"
+        frames.close(0)
         m = wait_for_buffer(port, proc=buf, until=lambda m: m["buffer/results_foreign"] >= 2)
         assert m["buffer/results_foreign"] == 2 and m["rejected_by_sender"] == {"thief": 2}
+        assert m["buffer/malformed"] == 1 and m["malformed_by_sender"] == {"frames": 1}
         assert m["samples_received"] == 0 and m["rounds_in_flight"] == 2 and m["dropped_unresolved"] == 0
         for a in rounds:  # the holder's own answers count: not duplicates, not late
             honest.send(_result(a, "honest"))

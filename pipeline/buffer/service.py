@@ -43,14 +43,18 @@ log = logging.getLogger(__name__)
 
 TICK_S = 0.05  # the poll timeout: timers run at least this often
 DRAIN_LIMIT = 256  # messages handled per wake-up at most, so that a burst never starves the timers
-FRAME_SLACK = 4  # frames beyond the largest message a client sends (identity, header, prompt, 2 per sample)
+FRAME_SLACK = 2  # how far above the largest message a client sends the frame limit lies (a factor)
 
 
 def max_frames(cfg: Config) -> int:
-    """Frames (the identity included) of the largest message a client sends: a result of the most samples a round
-    holds. A message with more is dropped as malformed before anything is decoded."""
-    samples = max(cfg.sampling.round_size, cfg.sampling.group_size, cfg.eval.k)
-    return 3 + 2 * samples + FRAME_SLACK
+    """Frames (the identity included) above which a message is dropped as malformed before anything is decoded:
+    FRAME_SLACK times the largest a client sends. That is a SampleResults of every sample a producer's engine can
+    hold at once (max_num_seqs plus its queue, see producer/engine.py's free_samples) or a RoundResult of the
+    largest round (up to round_size * max_rounds samples); each sample is 2 frames, each round's part 1 more."""
+    s, engine = cfg.sampling, cfg.producers.engine
+    in_engine = engine.max_num_seqs + max(s.round_size, engine.max_num_seqs // 4)
+    samples = max(in_engine, s.round_size * s.max_rounds, s.group_size, cfg.eval.k)
+    return FRAME_SLACK * (2 + 3 * samples)
 
 
 class BufferService:
