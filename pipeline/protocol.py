@@ -230,7 +230,7 @@ class RoundSamples(_Msg):
 
     round_id: int
     prompt_id: int
-    prompt_token_ids: np.ndarray  # int32 [P]: in the round's first part; may be empty in later ones
+    prompt_token_ids: np.ndarray  # int32 [P]: the round's prompt (a producer sends it with every part)
     indices: list[int]  # each sample's index in its round, 0 .. num_samples - 1
     samples: list[Sample]
     num_aborted: int = 0  # samples of the round the producer aborted (cut, stale or shut down)

@@ -314,7 +314,7 @@ def test_worker_streams_samples_as_they_finish_batched_per_flush():
         parts = [p for m in client.of(P.SampleResults) for p in m.rounds]
         assert len(client.of(P.SampleResults)) >= 2  # sent as they finished, not at the end
         assert all(p.round_id == 1 and p.prompt_id == 10 and p.num_aborted == 0 for p in parts)
-        assert parts[0].prompt_token_ids.tolist() == [1, 5] and all(p.prompt_token_ids.size == 0 for p in parts[1:])
+        assert all(p.prompt_token_ids.tolist() == [1, 5] for p in parts)  # each part can be checked on its own
         assert [i for p in parts for i in p.indices] == [0, 1, 2, 3]
         assert [s.reward for p in parts for s in p.samples] == [1.0, 0.0, 0.0, 0.0]
         await _until(lambda: client.of(P.RoundResult))
@@ -562,28 +562,34 @@ def test_engine_abort_stops_the_round_early(engine, monkeypatch):
         return params
 
     monkeypatch.setattr(eng, "_sampling_params", no_eos)
-    full = eng.free_capacity()
-    assert full == 16 // 4 + 1  # max_num_seqs 16 / round size 4, plus a queue of max(4, 16 / 4) sequences
+    full = eng.free_samples()
+    assert full == 16 + 4  # max_num_seqs 16, plus a queue of max(round size 4, 16 / 4) sequences
 
     async def scenario():
         start = time.monotonic()
         task = asyncio.create_task(eng.generate_round(P.RoundAssignment(200, 0, "1", "1", 4, 60.0)))
         await asyncio.sleep(0.05)
-        assert eng.free_capacity() == full - 1 and eng.live_samples == 4
+        assert eng.free_samples() == full - 4 and eng.live_samples == 4
         assert await eng.abort(200) and not await eng.abort(999)
-        with pytest.raises(RoundAborted):
+        with pytest.raises(RoundAborted) as cut:
             await task
         aborted_after = time.monotonic() - start
-        assert eng.live_samples == 0 and eng.free_capacity() == full
+        assert cut.value.num_aborted == 4 and 0 <= cut.value.aborted_tokens < 4 * 120  # what the abort wasted
+        assert eng.live_samples == 0 and eng.free_samples() == full
         assert eng.llm.get_num_unfinished_requests() == 0
         # the same round run to the end takes longer than the aborted one did
         start = time.monotonic()
-        out = await eng.generate_round(P.RoundAssignment(201, 0, "1", "1", 4, 60.0))
-        return aborted_after, time.monotonic() - start, out
+        streamed = []  # each sample handed over as it finishes, before the round returns
+        out = await eng.generate_round(P.RoundAssignment(201, 0, "1", "1", 4, 60.0),
+                                       lambda i, c, prompt: streamed.append((i, c.token_ids.tolist(), prompt)))
+        return aborted_after, time.monotonic() - start, out, streamed
 
-    aborted_after, full_s, out = lt.run(scenario())
+    aborted_after, full_s, out, streamed = lt.run(scenario())
     assert all(len(c.token_ids) == 120 for c in out.completions)
     assert aborted_after < full_s / 2
+    assert sorted(i for i, _, _ in streamed) == [0, 1, 2, 3]
+    assert all(ids == out.completions[i].token_ids.tolist() and np.array_equal(prompt, out.prompt_token_ids)
+               for i, ids, prompt in streamed)
 
 
 @pytest.mark.slow

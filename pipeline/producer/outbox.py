@@ -1,8 +1,9 @@
 """Streamed samples waiting to be sent: per round, the samples scored since the last flush and what was aborted.
 
 The producer queues each finished, scored sample of a streamed round here and flushes everything queued, of any
-rounds, as one SampleResults (pipeline/producer/worker.py). Invariants: a round's prompt token ids go out with its
-first part only; a sample is either sent once or counted as aborted (with its tokens), never both; an aborted
+rounds, as one SampleResults (pipeline/producer/worker.py). Invariants: every part with samples carries its
+round's prompt token ids (a part is checked on its own at the buffer's edge, and a lost first part must not
+orphan the rest); a sample is either sent once or counted as aborted (with its tokens), never both; an aborted
 round's queued samples become aborted counts.
 """
 
@@ -18,7 +19,6 @@ class Outbox:
 
     def __init__(self) -> None:
         self.parts: dict[int, P.RoundSamples] = {}
-        self._prompt_sent: set[int] = set()
 
     def __len__(self) -> int:
         return len(self.parts)
@@ -32,9 +32,7 @@ class Outbox:
     def add(self, round_id: int, prompt_id: int, index: int, sample: P.Sample, prompt_ids: np.ndarray) -> None:
         """Queue sample `index` of a round."""
         part = self._part(round_id, prompt_id)
-        if round_id not in self._prompt_sent:
-            part.prompt_token_ids = prompt_ids
-            self._prompt_sent.add(round_id)
+        part.prompt_token_ids = prompt_ids
         part.indices.append(index)
         part.samples.append(sample)
 
@@ -49,10 +47,6 @@ class Outbox:
     def has_samples(self, round_id: int) -> bool:
         part = self.parts.get(round_id)
         return part is not None and bool(part.samples)
-
-    def forget(self, round_id: int) -> None:
-        """The round is over here (its parts may still be queued)."""
-        self._prompt_sent.discard(round_id)
 
     def take(self) -> list[P.RoundSamples]:
         """Everything queued, emptying the outbox."""

@@ -226,7 +226,6 @@ class Producer:
                 t.cancel()
             self._rounds.pop(a.round_id, None)
             self._aborted.discard(a.round_id)
-            self._outbox.forget(a.round_id)
             self._capacity.set()
             if not self._rounds:
                 self.stats.set_busy(False)
