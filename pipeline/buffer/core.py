@@ -19,7 +19,7 @@ one above all) finish, for at most buffer.lease_s; `finished(now)` then says to 
 Trust: each message comes with its sender's identity and connection (`Conn`: role, ZAP User-Id), learned from the
 connection, never from the message; a producer is named by its connection (peers.py). Learner-only messages from
 other roles are refused, and a result counts only from the holder of its round's lease and once its values pass
-the edge checks (checks.py).
+the edge checks (intake.py, checks.py).
 
 Invariants:
 - every message goes through `handle`, one dispatch (a `match` on its type), with its sender's identity, under
@@ -45,10 +45,11 @@ import msgspec
 from pipeline import protocol as P
 from pipeline.auth import LEARNER
 from pipeline.buffer import metrics as M
-from pipeline.buffer.checks import Limits, check_message, check_result, out_of_vocab, role_problem, weights_problem
+from pipeline.buffer.checks import Limits, check_message, role_problem, weights_problem
 from pipeline.buffer.evals import Evals
 from pipeline.buffer.incidents import Incidents
-from pipeline.buffer.peers import IN_PROCESS, Conn, Lease, Peers, peer_name
+from pipeline.buffer.intake import Intake
+from pipeline.buffer.peers import IN_PROCESS, Conn, Peers, peer_name
 from pipeline.buffer.progress import ProgressLog, progress
 from pipeline.buffer.scheduler import Scheduler
 from pipeline.buffer.snapshot import SNAPSHOT_EVERY, Snapshots
@@ -116,6 +117,7 @@ class BufferCore:
         # after a resume: the evaluation rounds share the restored scheduler's round id allocator
         self.evals = Evals(eval_prompts, cfg.eval.k, cfg.buffer.lease_s, cfg.eval.max_new_tokens,
                            cfg.sampling.positive_threshold, self.scheduler.round_ids)
+        self.intake = Intake(self.scheduler, self.evals, self.peers, self.incidents, self.limits, vocab_size)
         if cfg.learner.eval_every and not self.resumed:
             self.evals.start(0, now)
 
@@ -228,79 +230,13 @@ class BufferCore:
 
     def _on_result(self, sender: bytes, msg: P.RoundResult, now: float, conn: Conn) -> None:
         name = self.peers.touch(sender, now)
-        if name is None:
-            return
-        lease = self.peers.leases.get(msg.round_id)
-        if lease is None:  # out at no producer: late, duplicate or unknown, counted where it would have gone
-            assert not self.evals.owns(msg.round_id), f"eval round {msg.round_id} is in flight without a lease"
-            if msg.kind == "eval":
-                self.evals.submit(msg.round_id, [], now)
-            else:
-                self.scheduler.reject(name, msg.round_id, now)  # not in flight: only counted as ignored
-            return
-        if not lease.held_by(sender, conn.user):
-            self.incidents.bad("results_foreign", sender, f"a result for round {msg.round_id}, which is leased to "
-                            f"{peer_name(lease.owner)}", "rejected_by_sender")
-            return
-        self.peers.release([msg.round_id])  # its holder answered: whatever follows, the lease is over
-        if msg.kind != lease.kind:  # the lease decides: an older producer's results are not lost
-            self.counters["results_wrong_kind"] += 1
-            if self.counters["results_wrong_kind"] == 1:
-                log.warning("%s sent %s round %d back as kind %r (taken as its round's kind): the producer must "
-                            "echo RoundAssignment.kind in RoundResult.kind; update it", name, lease.kind,
-                            msg.round_id, msg.kind)
-        reason, why = check_result(msg, lease, self.limits, self.learner_version, self._known_prompt(lease))
-        if not reason and self.vocab_size is not None:
-            why = out_of_vocab(msg, self.vocab_size)
-            reason = "oov" if why else ""
-        if reason:
-            self._reject(sender, name, msg.round_id, lease, reason, why, now)
-        elif lease.kind == "eval":
-            if self.evals.submit(msg.round_id, msg.samples, now) == "accepted":
-                self.peers.count_samples(name, len(msg.samples))
+        if name is not None:
+            self.intake.result(sender, name, msg, now, conn)
             self._write_eval_rows()
-        elif self.scheduler.submit_result(name, msg.round_id, msg.prompt_token_ids, msg.samples, now).accepted:
-            self.peers.count_samples(name, len(msg.samples))
 
     def _on_samples(self, sender: bytes, msg: P.SampleResults, now: float, conn: Conn) -> None:
-        """Streamed samples, one part per training round: checked at the edge like a result (a later part may
-        leave the prompt tokens out), then accepted one by one; rounds the exit rule cuts are aborted."""
         name = self.peers.touch(sender, now)
-        if name is None:
-            return
-        cut: list[int] = []
-        for part in msg.rounds:
-            lease = self.peers.leases.get(part.round_id)
-            if lease is not None and not lease.held_by(sender, conn.user):
-                self.incidents.bad("results_foreign", sender, f"samples of round {part.round_id}, which is leased "
-                                   f"to {peer_name(lease.owner)}", "rejected_by_sender")
-                continue
-            self.scheduler.report_aborted(part.round_id, part.num_aborted, part.aborted_tokens)  # waste, counted
-            if not part.samples:
-                continue
-            if lease is None:  # not out here: late, duplicate or unknown, counted as such
-                self.scheduler.submit_samples(name, part.round_id, part.indices, part.samples, P.empty_array("int32"),
-                                              now)
-                continue
-            known = self._known_prompt(lease)
-            prompt = known if part.prompt_token_ids.size == 0 and known is not None else part.prompt_token_ids
-            as_result = P.RoundResult(name, part.round_id, part.prompt_id, prompt, part.samples, 0.0, lease.kind)
-            reason, why = check_result(as_result, lease, self.limits, self.learner_version, known)
-            if not reason and lease.kind != "train":
-                reason, why = "samples", f"eval round {part.round_id} came back streamed; eval rounds are whole"
-            if not reason and self.vocab_size is not None:
-                why = out_of_vocab(as_result, self.vocab_size)
-                reason = "oov" if why else ""
-            if reason:
-                self.peers.release([part.round_id])
-                self._reject(sender, name, part.round_id, lease, reason, why, now)
-                continue
-            out = self.scheduler.submit_samples(name, part.round_id, part.indices, part.samples, prompt, now)
-            if out.accepted:
-                self.peers.count_samples(name, len(part.samples))
-            if not self.scheduler.in_flight(part.round_id):  # complete, cut or rejected: the lease is over
-                self.peers.release([part.round_id])
-            cut += out.aborted
+        cut = self.intake.samples(sender, name, msg, now, conn) if name is not None else []
         if cut:
             self._outbox.append(Out(None, P.Abort(cut, "prompt exited")))
 
@@ -351,21 +287,6 @@ class BufferCore:
     def _flush(self) -> list[Out]:
         out, self._outbox = self._outbox, []
         return out
-
-    def _reject(self, sender: bytes, name: str, round_id: int, lease: Lease, reason: str, why: str,
-                now: float) -> None:
-        """A result its holder sent with values the edge refuses: counted by reason, its round re-issued."""
-        self.incidents.bad("rejected_oov" if reason == "oov" else "rejected_values", sender, why,
-                           "rejected_by_sender", reason)
-        if lease.kind == "eval":
-            self.evals.reject(round_id)
-        else:
-            self.scheduler.reject(name, round_id, now)  # re-issued at once (the prompt given up on if it repeats)
-
-    def _known_prompt(self, lease: Lease) -> Any:
-        """The prompt's token ids from its earlier accepted rounds (training rounds; None otherwise)."""
-        st = self.scheduler.pools.active.get(lease.prompt_id) if lease.kind == "train" else None
-        return None if st is None else st.prompt_token_ids
 
     def _handler_error(self, sender: bytes, kind: str, exc: Exception) -> None:
         self.incidents.handler_error(sender, kind, exc, self.scheduler, {

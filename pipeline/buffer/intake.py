@@ -1,0 +1,128 @@
+"""Producers' results on their way in: a whole round (RoundResult) or the samples of streamed rounds as they finish
+(SampleResults), each from the holder of its round's lease and with values the edge accepts, to the Scheduler
+(training) or Evals (evaluation). `BufferCore` hands every result message here; nothing here does I/O.
+
+Invariants:
+- a result for a round leased to another connection (identity, or ZAP User-Id under CurveZMQ) is counted as
+  `results_foreign` and touches nothing: not the round, not its prompt, not the holder's lease;
+- a result for a round out at no producer goes where it would have gone only to be counted (late, duplicate or
+  unknown): it can change no pool;
+- a result whose values fail the edge checks (checks.py) is counted by reason and its round re-issued (the
+  Scheduler gives its prompt up after repeated rejections; Evals queues the problem again); it is never pooled;
+- a lease ends when its holder's whole result arrives, or when a streamed round is over (complete, cut by the
+  exit rule, or rejected).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pipeline import protocol as P
+from pipeline.buffer.checks import Limits, check_result, out_of_vocab
+from pipeline.buffer.evals import Evals
+from pipeline.buffer.incidents import Incidents
+from pipeline.buffer.peers import Conn, Lease, Peers, peer_name
+from pipeline.buffer.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class Intake:
+    """Ownership and the edge checks for every result; see the module docstring."""
+
+    def __init__(self, scheduler: Scheduler, evals: Evals, peers: Peers, incidents: Incidents, limits: Limits,
+                 vocab_size: int | None) -> None:
+        self.scheduler, self.evals, self.peers, self.incidents = scheduler, evals, peers, incidents
+        self.limits, self.vocab_size = limits, vocab_size
+        self.counters = incidents.counters
+
+    def result(self, sender: bytes, name: str, msg: P.RoundResult, now: float, conn: Conn) -> None:
+        """The whole result of one round from `sender` (named `name`), on connection `conn`."""
+        lease = self.peers.leases.get(msg.round_id)
+        if lease is None:  # out at no producer: late, duplicate or unknown, counted where it would have gone
+            assert not self.evals.owns(msg.round_id), f"eval round {msg.round_id} is in flight without a lease"
+            if msg.kind == "eval":
+                self.evals.submit(msg.round_id, [], now)
+            else:
+                self.scheduler.reject(name, msg.round_id, now)  # not in flight: only counted as ignored
+            return
+        if self._foreign(sender, conn, msg.round_id, lease):
+            return
+        self.peers.release([msg.round_id])  # its holder answered: whatever follows, the lease is over
+        if msg.kind != lease.kind:  # the lease decides: an older producer's results are not lost
+            self.counters["results_wrong_kind"] += 1
+            if self.counters["results_wrong_kind"] == 1:
+                log.warning("%s sent %s round %d back as kind %r (taken as its round's kind): the producer must "
+                            "echo RoundAssignment.kind in RoundResult.kind; update it", name, lease.kind,
+                            msg.round_id, msg.kind)
+        reason, why = self._problem(msg, lease, self._known_prompt(lease))
+        if reason:
+            self._reject(sender, name, msg.round_id, lease, reason, why, now)
+        elif lease.kind == "eval":
+            if self.evals.submit(msg.round_id, msg.samples, now) == "accepted":
+                self.peers.count_samples(name, len(msg.samples))
+        elif self.scheduler.submit_result(name, msg.round_id, msg.prompt_token_ids, msg.samples, now).accepted:
+            self.peers.count_samples(name, len(msg.samples))
+
+    def samples(self, sender: bytes, name: str, msg: P.SampleResults, now: float, conn: Conn) -> list[int]:
+        """Streamed samples, one part per training round: checked like a result (a later part may leave the prompt
+        tokens out), then accepted one by one. Returns the rounds the exit rule cut (the caller aborts them)."""
+        cut: list[int] = []
+        for part in msg.rounds:
+            lease = self.peers.leases.get(part.round_id)
+            if lease is not None and self._foreign(sender, conn, part.round_id, lease):
+                continue
+            self.scheduler.report_aborted(part.round_id, part.num_aborted, part.aborted_tokens)  # waste, counted
+            if not part.samples:
+                continue
+            if lease is None:  # not out here: late, duplicate or unknown, counted as such
+                self.scheduler.submit_samples(name, part.round_id, part.indices, part.samples, P.empty_array("int32"),
+                                              now)
+                continue
+            known = self._known_prompt(lease)
+            prompt = known if part.prompt_token_ids.size == 0 and known is not None else part.prompt_token_ids
+            as_result = P.RoundResult(name, part.round_id, part.prompt_id, prompt, part.samples, 0.0, lease.kind)
+            reason, why = self._problem(as_result, lease, known)
+            if not reason and lease.kind != "train":
+                reason, why = "samples", f"eval round {part.round_id} came back streamed; eval rounds are whole"
+            if reason:
+                self.peers.release([part.round_id])
+                self._reject(sender, name, part.round_id, lease, reason, why, now)
+                continue
+            out = self.scheduler.submit_samples(name, part.round_id, part.indices, part.samples, prompt, now)
+            if out.accepted:
+                self.peers.count_samples(name, len(part.samples))
+            if not self.scheduler.in_flight(part.round_id):  # complete, cut or rejected: the lease is over
+                self.peers.release([part.round_id])
+            cut += out.aborted
+        return cut
+
+    def _foreign(self, sender: bytes, conn: Conn, round_id: int, lease: Lease) -> bool:
+        if lease.held_by(sender, conn.user):
+            return False
+        self.incidents.bad("results_foreign", sender, f"a result for round {round_id}, which is leased to "
+                           f"{peer_name(lease.owner)}", "rejected_by_sender")
+        return True
+
+    def _problem(self, msg: P.RoundResult, lease: Lease, known: Any) -> tuple[str, str]:
+        reason, why = check_result(msg, lease, self.limits, self.scheduler.learner_version, known)
+        if not reason and self.vocab_size is not None:
+            why = out_of_vocab(msg, self.vocab_size)
+            reason = "oov" if why else ""
+        return reason, why
+
+    def _reject(self, sender: bytes, name: str, round_id: int, lease: Lease, reason: str, why: str,
+                now: float) -> None:
+        """A result its holder sent with values the edge refuses: counted by reason, its round re-issued."""
+        self.incidents.bad("rejected_oov" if reason == "oov" else "rejected_values", sender, why,
+                           "rejected_by_sender", reason)
+        if lease.kind == "eval":
+            self.evals.reject(round_id)
+        else:
+            self.scheduler.reject(name, round_id, now)  # re-issued at once (the prompt given up on if it repeats)
+
+    def _known_prompt(self, lease: Lease) -> Any:
+        """The prompt's token ids from its earlier accepted rounds (training rounds; None otherwise)."""
+        st = self.scheduler.pools.active.get(lease.prompt_id) if lease.kind == "train" else None
+        return None if st is None else st.prompt_token_ids
