@@ -447,14 +447,19 @@ class ScriptedBuffer:
             msg = self.dec.decode(frames)
             if isinstance(msg, P.WorkRequest):
                 self.requests.append(msg)
-                rounds, self.todo = self.todo[: msg.max_rounds], self.todo[msg.max_rounds:]
-                if not rounds:
+                reply = self.assign(msg)
+                if not reply.rounds:
                     time.sleep(0.05)  # a short long-poll
-                self.router.send_multipart([ident] + self.enc.encode(P.Assignments(rounds, 0)))
+                self.router.send_multipart([ident] + self.enc.encode(reply))
             elif isinstance(msg, P.Heartbeat):
                 self.beats.append(msg)
             elif isinstance(msg, P.RoundResult):
                 self.results.setdefault(msg.round_id, []).append(msg)
+
+    def assign(self, msg: P.WorkRequest) -> P.Assignments:
+        """The reply to a WorkRequest: the next rounds of `todo`."""
+        rounds, self.todo = self.todo[: msg.max_rounds], self.todo[msg.max_rounds:]
+        return P.Assignments(rounds, 0)
 
     def wait(self, cond, timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s

@@ -9,10 +9,10 @@ Membership: the group is the set of producers that asked for the version being s
 to the next while that set stays the same (the steady state: every producer asks as soon as the buffer relays the
 announcement); a producer that starts late or restarts cannot join a formed group, so the round it asks in forms a
 new generation of the group with it (alone, if it is catching up, or with everyone at the next version), and every
-member that is told a new generation leaves the old one. After the first request for a version the thread waits up
-to `weights.dist_wait_s` for the current members; one that does not ask (dead, or busy) is left out and catches up
-when it asks. This serves producers while the learner waits for a batch, so producers that are all too stale to get
-work (all restarted, say) still catch up without the learner taking a step.
+member that is told a new generation leaves the old one. After the first request for a new version the thread waits
+up to `weights.dist_wait_s` for every producer it served lately; one that does not ask (dead, or busy) is left out,
+forgotten, and served when it asks. The thread serves producers while the learner waits for a batch, so
+producers that are all too stale to get work (all restarted, say) still catch up without the learner taking a step.
 
 Failure: a broadcast or group formation that fails (a member died: connection reset at once, else the gloo time-out
 `weights.dist_timeout_s`) is counted (`weight_broadcast_failures`) and logged; the group is dropped and re-forms at
@@ -85,7 +85,8 @@ class DistPublisher:
         self._waiting: dict[str, tuple[Request, float]] = {}  # member -> (its newest request, when it came)
         self._group: WeightGroup | None = None
         self._members: list[tuple[str, int]] = []  # the group's (member, workers), in rank order
-        self._served: dict[str, int] = {}  # member -> version it was last sent
+        # members served lately -> the version each was sent: a new version waits for them (dist_wait_s at most)
+        self._known: dict[str, int] = {}
         self._gen = 0
         self._old_keys: list[str] = []
         self.counts = {"weight_publishes": 0, "weight_broadcasts": 0, "weight_broadcast_failures": 0,
@@ -159,7 +160,7 @@ class DistPublisher:
         if latest is None or not self._waiting:
             return None
         waited = time.monotonic() - min(t for _, t in self._waiting.values())
-        expected = {m for m, _ in self._members if self._served.get(m, -1) < latest.version}
+        expected = {m for m, v in self._known.items() if v < latest.version}
         if expected and expected <= self._waiting.keys():
             return latest
         return latest if waited >= max(GATHER_MIN_S, self.wait_s if expected else 0.0) else None
@@ -203,9 +204,13 @@ class DistPublisher:
             log.warning("weights: broadcasting version %d to %s failed after %.1f s: %s; the group re-forms at the "
                         "next request", latest.version, [m for m, _ in members], time.perf_counter() - t0, exc)
             self._drop_group()
+            for m, _ in members:  # the survivors ask again (RETRY_S) and are served then, without waiting
+                self._known.pop(m, None)
             return
         seconds = time.perf_counter() - t0
-        self._served = {m: latest.version for m, _ in members}
+        for m in [m for m, v in self._known.items() if v < latest.version]:
+            del self._known[m]  # it did not ask for this version in time (dead, or slow): it is served when it asks
+        self._known.update((m, latest.version) for m, _ in members)
         with self._lock:
             self.counts["weight_broadcasts"] += 1
             self.gauges["weight_broadcast_seconds"] = seconds
@@ -216,4 +221,4 @@ class DistPublisher:
     def _drop_group(self) -> None:
         if self._group is not None:
             self._group.close()
-        self._group, self._members, self._served = None, [], {}
+        self._group, self._members = None, []

@@ -5,7 +5,7 @@ own tensor-parallel group), never as the default group: on a PrefixStore of the 
 generation of the group has its own keys.
 
 - gloo (CPU): a `ProcessGroupGloo` with its own timeout; a dead peer fails the broadcast at once (connection reset)
-  or after the timeout, on every rank.
+  or after the timeout; rank 0 then closes the group, so the other ranks fail at once too.
 - nccl (GPU): vLLM's `StatelessProcessGroup` for the rendezvous and `PyNcclCommunicator` for the data, as TRL's
   vLLM server and prime-rl do. NCCL has no time-out of its own: `NcclGroup.broadcast` runs under a watchdog that
   aborts the communicator when the timeout passes, so the caller gets an error instead of a hang.
@@ -76,7 +76,9 @@ class GlooGroup(_Group):
         self.pg.broadcast([buf], opts).wait()
 
     def _shutdown(self) -> None:
-        self.pg.shutdown()
+        # dropping the last reference closes the group's connections, so the peers of a failed broadcast fail at
+        # once ("connection closed") instead of waiting out the time-out (pg.shutdown() leaves them open)
+        self.pg = None
 
 
 class NcclGroup(_Group):

