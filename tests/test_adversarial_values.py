@@ -181,13 +181,21 @@ def test_weights_are_announced_only_from_the_weights_directory_and_of_their_vers
                P.WeightAnnouncement(1, "v000001.safetensors", 1), P.WeightAnnouncement(1, "tcp://evil:1/v1", 1),
                P.WeightAnnouncement(1, f"{root}/sub/v000001.safetensors", 1),
                P.WeightAnnouncement(2, f"{root}/v000002.safetensors", 1)]  # not of the version it is announced with
-    for ann in refused:
+    for ann in refused:  # the file transport (the default)
         (out,) = send(core, "learner", P.VersionUpdate(1, ann), 0.0, AS_LEARNER)
         assert out.msg.version == 1 and out.msg.weights is None  # the version counts; the file is not passed on
     assert core.counters["weights_refused"] == len(refused) and core.latest_weights is None
     good = P.WeightAnnouncement(1, f"{root}/v000001.safetensors", 1)
     (out,) = send(core, "learner", P.VersionUpdate(1, good), 0.1, AS_LEARNER)
     assert out.msg.weights == good and core.latest_weights == good
+    # the dist transport: only this run's learner rendezvous (weights.dist_host) is passed on
+    core = make(tmp_path / "dist", "--weights.transport", "dist", "--weights.dist_host", "10.0.0.2")
+    for uri in ("dist://10.9.9.9:29500/v000001", f"{root}/v000001.safetensors", "dist://10.0.0.2:29500/v000002"):
+        (out,) = send(core, "learner", P.VersionUpdate(1, P.WeightAnnouncement(1, uri, 1)), 0.0, AS_LEARNER)
+        assert out.msg.weights is None, uri
+    good = P.WeightAnnouncement(1, "dist://10.0.0.2:29500/v000001", 1)
+    (out,) = send(core, "learner", P.VersionUpdate(1, good), 0.1, AS_LEARNER)
+    assert out.msg.weights == good and core.counters["weights_refused"] == 3
 
 
 # ---------------------------------------------------------------- values

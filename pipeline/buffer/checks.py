@@ -9,7 +9,8 @@ rewards, negative token ids). What is left here:
   role, an oversized heartbeat);
 - `check_result`: a result against the lease of its round (peers.py): prompt id, sample count, prompt tokens,
   completion lengths, rewards, behaviour log-probs, versions, finish reasons; `out_of_vocab` for token ids;
-- `weights_problem`: a weight announcement outside the run's weights directory, or not of its version.
+- `weights_problem`: a weight announcement that is not this run's (its weights directory, or its learner's
+  rendezvous), or not of its version.
 
 Invariants: a message for which `role_problem` or `check_message` returns a reason never reaches a handler; a
 result for which `check_result` or `out_of_vocab` returns one is never pooled or scored (its round is re-issued).
@@ -18,9 +19,7 @@ result for which `check_result` or `out_of_vocab` returns one is never pooled or
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +27,8 @@ import numpy as np
 from pipeline import protocol as P
 from pipeline.auth import LEARNER, ROLES
 from pipeline.buffer.peers import Lease
+from pipeline.config import Config
+from pipeline.weights.uris import dist_uri_problem, file_uri_problem
 
 PRODUCER_MESSAGES = (P.WorkRequest, P.RoundResult, P.Heartbeat, P.MetricsRequest, P.SampleResults)  # every role
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # vLLM's FINISH_REASON_STRINGS
@@ -159,14 +160,14 @@ def out_of_vocab(msg: P.RoundResult, vocab_size: int) -> str:
     return ""
 
 
-def weights_problem(ann: P.WeightAnnouncement, version: int, weights_dir: Path) -> str:
+def weights_problem(ann: P.WeightAnnouncement, version: int, cfg: Config) -> str:
     """Why the buffer must not pass on `ann`, announced with VersionUpdate(`version`), to the producers ("" if it
     may): weights of another version (at most the learner's new version, which is the buffer's + 1 in a run's
-    sequence of steps), or a file that is not in the run's weights directory (producers load what they are told)."""
+    sequence of steps), or a uri that is not this run's (file: directly in its weights directory; dist: its
+    learner's rendezvous host and port), the checks the producers apply too (pipeline/weights/uris.py)."""
     if ann.version != version:
         return f"weights of version {ann.version} announced with version {version}"
-    root = os.path.normpath(os.path.abspath(weights_dir))
-    path = os.path.normpath(os.path.abspath(ann.uri)) if ann.uri.startswith("/") else ""
-    if not path or os.path.dirname(path) != root:
-        return f"weights uri {ann.uri[:200]!r} is not a file directly in the run's weights directory {root}"
-    return ""
+    w = cfg.weights
+    if w.transport == "dist":
+        return dist_uri_problem(ann.uri, w.dist_host, w.dist_port, version)
+    return file_uri_problem(ann.uri, cfg.weights_dir, version)

@@ -259,7 +259,7 @@ class BufferCore:
         # evaluation twice or move the weights back
         new = msg.version > self.learner_version
         weights = msg.weights
-        problem = weights_problem(weights, msg.version, self.cfg.weights_dir) if weights is not None else ""
+        problem = weights_problem(weights, msg.version, self.cfg) if weights is not None else ""
         if problem:  # the version still counts (the learner holds it); producers are not told to load the file
             self.incidents.bad("weights_refused", sender, problem, "rejected_by_sender")
             weights = None

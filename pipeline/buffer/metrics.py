@@ -24,7 +24,7 @@ COUNTERS = {  # the buffer's own counters (the Scheduler's are in scheduler.COUN
     "results_foreign": "results for a round leased to another connection (never applied)",
     "rejected_oov": "results holding a token id >= the model's vocab_size (their rounds are re-issued)",
     "rejected_values": "results whose values fail the edge checks (by reason in rejected_by_reason; re-issued)",
-    "weights_refused": "weight announcements outside the run's weights directory or not of their version",
+    "weights_refused": "weight announcements not of this run's weights (directory, or rendezvous) or version",
     "handler_errors": "messages (or timer runs) whose handler raised: logged with the state, dropped",
     "peers_refused": "producer messages from a new identity while every tracked identity held a lease",
     "peers_evicted": "idle producer identities forgotten to make room for a new one",
