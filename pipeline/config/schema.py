@@ -152,8 +152,9 @@ class BufferConfig(Section):
                                                                  "rounds")] = 15.0
     max_message_bytes: Annotated[int, Meta(ge=1 << 16, description="ZeroMQ maxmsgsize on the buffer's "
                                                                    "sockets")] = 256 << 20
-    max_abs_reward: Annotated[float, Meta(gt=0, description="a result with a reward beyond +-this is rejected "
-                                                            "and its round re-issued (a producer bug or attack)")] = 1e3
+    max_abs_reward: Annotated[float, Meta(gt=0, le=1e100, description=(
+        "a result with a reward beyond +-this is rejected and its round re-issued (a producer bug or attack; at "
+        "most 1e100, so that no sum of squares overflows)"))] = 1e3
 
 
 class LearnerConfig(Section):
