@@ -162,3 +162,31 @@ def test_dist_producers_match_the_learner_and_survive_a_kill_mid_broadcast(reali
             _kill(proc)
         buf.close()
         pub.close()
+
+
+def test_train_with_dist_through_the_supervisor(tmp_path, tiny_model_dir):
+    """`reinforce-ada train` with weights.transport = "dist", on-policy (max_staleness 0: every step waits for
+    the producers to hold the learner's version): 3 steps, both producers follow every version, no file is
+    written, and the learner's log-probs of the trained samples are the producers' (importance ratio 1)."""
+    steps, weights_dir = 3, tmp_path / "weights"
+    cmd = [sys.executable, "-m", "pipeline.cli", "train", "--config", str(REPO / "configs" / "tiny.toml"),
+           "--run.dir", str(tmp_path), "--run.name", "dist", "--learner.num_steps", str(steps),
+           "--learner.batch_prompts", "16", "--learner.mini_batches", "1", "--learner.checkpoint_every", "0",
+           "--learner.eval_every", "0", "--producers.count", "2", "--endpoints.router_port", "0",
+           "--buffer.max_staleness", "0", "--weights.transport", "dist", "--weights.dir", str(weights_dir),
+           "--weights.dist_timeout_s", "30", "--weights.dist_wait_s", "2"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    run = tmp_path / "dist"
+    logs = {p.stem: p.read_text(errors="replace") for p in (run / "logs").glob("*.log")}
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + "".join(
+        f"\n--- {k}\n{v[-2500:]}" for k, v in logs.items())
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    for r in rows:
+        assert r["weight_publishes"] == r["step"] and r["weight_broadcast_failures"] == 0
+        assert r["staleness_max"] == 0 and r["buffer/weights_refused"] == 0  # the buffer relayed every version
+        assert r["ratio_max"] <= 1 + 1e-4 and r["kl_behaviour"] <= 1e-7  # the producers' weights are the learner's
+    for name in ("producer-0", "producer-1"):
+        assert f"loaded weights version {steps - 1}" in logs[name], logs[name][-3000:]
+    assert "weights: version" in logs["learner"]
+    assert not weights_dir.exists() or not any(weights_dir.iterdir())  # nothing went through a file

@@ -1,12 +1,13 @@
 """A member of a dist weight group without vLLM, for tests: the real DistLoader and the real worker-side receive
 (pipeline/weights/dist_receive.py), with a worker whose "model" is a dict of the tensors it received.
 
-    python -m tests.support.weight_member NAME [--slow SECONDS] -- CONFIG OVERRIDES...
+    python -m tests.support.weight_member NAME [--slow SECONDS] [--timing] -- CONFIG OVERRIDES...
 
 Reads one announcement uri per line on stdin and loads it; prints one JSON line per load:
 {"ok": true, "version": v, "sums": {name: float64 sum}} or {"ok": false, "error": "..."}. With --slow, the
 "model" sleeps that long per tensor it takes (a slow receiver, to be killed mid-broadcast); it prints
-{"receiving": v} when the first tensor arrives.
+{"receiving": v} when the first tensor arrives. With --timing (bench/weights.py) it prints
+{"ok": true, "version": v, "done": wall-clock time the load finished} instead of the sums.
 """
 
 from __future__ import annotations
@@ -53,7 +54,11 @@ class FakeEngine:
             for i, (name, t) in enumerate(tensors):
                 if i == 0:
                     print(json.dumps({"receiving": plan.version}), flush=True)
-                self.worker.model[name] = t.clone()
+                held = self.worker.model.get(name)  # copied into the tensor it holds, as an engine does
+                if held is None or held.shape != t.shape or held.dtype != t.dtype:
+                    self.worker.model[name] = t.clone()
+                else:
+                    held.copy_(t)
                 time.sleep(self.worker.slow_s)
             return {"refreshed": 0}
 
@@ -64,7 +69,7 @@ class FakeEngine:
         return result["seconds"]
 
 
-async def serve(loader: DistLoader, engine: FakeEngine) -> None:
+async def serve(loader: DistLoader, engine: FakeEngine, timing: bool) -> None:
     for line in sys.stdin:
         uri = line.strip()
         if not uri:
@@ -72,6 +77,9 @@ async def serve(loader: DistLoader, engine: FakeEngine) -> None:
         version = parse_dist_uri(uri)[2]
         try:
             await loader.load(P.WeightAnnouncement(version, uri, 0))
+            if timing:
+                print(json.dumps({"ok": True, "version": engine.version, "done": time.time()}), flush=True)
+                continue
             sums = {k: float(v.double().sum()) for k, v in engine.worker.model.items()}
             print(json.dumps({"ok": True, "version": engine.version, "sums": sums}), flush=True)
         except Exception as exc:  # noqa: BLE001 - reported to the test
@@ -82,10 +90,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("name")
     parser.add_argument("--slow", type=float, default=0.0)
+    parser.add_argument("--timing", action="store_true")
     args, overrides = parser.parse_known_args()
     cfg = load_config(None, [o for o in overrides if o != "--"])
     engine = FakeEngine(FakeWorker(args.slow))
-    asyncio.run(serve(DistLoader(cfg.weights, engine, args.name), engine))
+    asyncio.run(serve(DistLoader(cfg.weights, engine, args.name), engine, args.timing))
 
 
 if __name__ == "__main__":
