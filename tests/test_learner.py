@@ -342,9 +342,10 @@ class ScriptedBuffer:
     """A test double of the buffer: answers BatchRequests with `batches` (then empty ones), records the rest.
 
     With `progress_s`, it first answers for that long with empty Batches (each held 0.2 s, as the real buffer
-    holds a request) whose `buffer/samples_received` rises: producers generating, no batch ready yet."""
+    holds a request) whose `buffer/samples_received` rises: producers generating, no batch ready yet. With
+    `version`, it answers MetricsRequests as a buffer at that learner version (else not at all)."""
 
-    def __init__(self, batches, progress_s: float = 0.0):
+    def __init__(self, batches, progress_s: float = 0.0, version: int | None = None):
         self.port = free_port_pair()
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -353,6 +354,7 @@ class ScriptedBuffer:
         self.pub.bind(f"tcp://127.0.0.1:{self.port + 1}")
         self.batches = list(batches)
         self.progress_s = progress_s
+        self.version = version
         self.first_request: float | None = None
         self.received: list = []
         self.stop = threading.Event()
@@ -367,6 +369,8 @@ class ScriptedBuffer:
             ident, *frames = self.router.recv_multipart()
             msg = dec.decode(frames)
             self.received.append(msg)
+            if isinstance(msg, P.MetricsRequest) and self.version is not None:
+                self.router.send_multipart([ident, *enc.encode(P.MetricsSnapshot({"learner_version": self.version}))])
             if isinstance(msg, P.BatchRequest):
                 self.first_request = self.first_request or time.monotonic()
                 if time.monotonic() - self.first_request < self.progress_s:

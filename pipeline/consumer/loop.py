@@ -1,6 +1,8 @@
 """The learner process's loop (every rank): fetch a batch, train, publish, announce, checkpoint.
 
 Only rank 0 talks to the buffer; it shares each step's batch (or error, or stop) with the other ranks (ranks.py).
+A SIGINT or SIGTERM stops the loop after the step in progress (or at once while it waits for a batch), and the
+version reached is checkpointed before the process exits (stopping.py), so a stopped run loses no trained step.
 Invariant: version v+1 is announced (VersionUpdate) only once producers can load it (its weight file is complete
 on disk, or its broadcast is staged: pipeline/weights/).
 """
@@ -20,6 +22,8 @@ from pipeline import protocol as P
 from pipeline.consumer import checkpoint, ranks
 from pipeline.consumer.fetch import LearnerError, fetch_batch
 from pipeline.consumer.learner import Learner
+from pipeline.consumer.runlog import RunLog
+from pipeline.consumer.stopping import Stopped, StopSignals
 from pipeline.export import HF_DIR, HfSource
 from pipeline.transport import BufferClient, parse_connect
 
@@ -38,14 +42,19 @@ def _step_line(m: dict[str, Any], num_groups: int, requested: int) -> str:
     return line
 
 
-def next_batch(client: BufferClient | None, learner: Learner, learner_id: str) -> P.Batch | None:
-    """The batch every rank trains on next (rank 0 fetches it), or None to stop. Raises LearnerError on
-    every rank when rank 0 cannot get one."""
+def next_batch(client: BufferClient | None, learner: Learner, learner_id: str, stop: StopSignals) -> P.Batch | None:
+    """The batch every rank trains on next (rank 0 fetches it), or None to stop (a Shutdown from the buffer, or a
+    stop signal on rank 0). Raises LearnerError on every rank when rank 0 cannot get one."""
     lc = learner.cfg.learner
     if learner.rank == 0:
         assert client is not None
         try:
-            batch = fetch_batch(client, learner_id, learner.version, lc.batch_prompts, lc.batch_timeout_s)
+            with stop.interruptible():
+                batch = fetch_batch(client, learner_id, learner.version, lc.batch_prompts, lc.batch_timeout_s)
+        except Stopped as exc:
+            log.info("%s at version %d: checkpointing, then exiting", exc, learner.version)
+            ranks.broadcast(ranks.Stop(str(exc)), 0, learner.world_size, learner.device)
+            return None
         except Exception as exc:  # the other ranks wait in the broadcast: tell them, or they hang
             text = str(exc) if isinstance(exc, LearnerError) else f"rank 0 failed: {type(exc).__name__}: {exc}"
             ranks.broadcast(ranks.RankError(text), 0, learner.world_size, learner.device)
@@ -62,8 +71,10 @@ def next_batch(client: BufferClient | None, learner: Learner, learner_id: str) -
 
 
 def run(cfg: Config, connect: str | None = None, resume: bool = False) -> int:
-    """The learner loop (every rank); returns the process exit code."""
+    """The learner loop (every rank); returns the process exit code (128 + the signal's number when a signal
+    stopped it)."""
     lc = cfg.learner
+    stop = StopSignals()
     if lc.cpu_threads:
         torch.set_num_threads(lc.cpu_threads)  # leave the other cores to the engines on a shared CPU machine
     learner = Learner(cfg)
@@ -74,6 +85,7 @@ def run(cfg: Config, connect: str | None = None, resume: bool = False) -> int:
         if rank0:
             print(f"resumed at version {learner.version}" if extra is not None else
                   "no checkpoint found: starting at version 0", flush=True)
+    runlog = RunLog(cfg, learner.version if resume else None) if rank0 else None
     client = None
     if rank0:
         if connect:
@@ -92,7 +104,7 @@ def run(cfg: Config, connect: str | None = None, resume: bool = False) -> int:
     try:
         while learner.version < lc.num_steps:
             t_wait = time.perf_counter()
-            batch = next_batch(client, learner, learner_id)
+            batch = next_batch(client, learner, learner_id, stop)
             if batch is None:
                 break
             t0 = time.perf_counter()
@@ -108,8 +120,7 @@ def run(cfg: Config, connect: str | None = None, resume: bool = False) -> int:
                 metrics.update(learner.publisher.stats())  # weight_*: publishes, broadcasts and their failures
                 metrics.update(batch.metrics)  # already namespaced by the buffer (buffer/*, eval/*, producers/*)
                 metrics["time"] = time.time()
-                with open(cfg.run_dir / "metrics.jsonl", "a") as f:
-                    f.write(json.dumps(metrics) + "\n")
+                runlog.step(metrics)
                 print(_step_line(metrics, len(batch.groups), lc.batch_prompts), flush=True)
             last_metrics = dict(batch.metrics)
             if lc.checkpoint_every and learner.version % lc.checkpoint_every == 0:
@@ -122,14 +133,19 @@ def run(cfg: Config, connect: str | None = None, resume: bool = False) -> int:
     finally:
         if client is not None:
             client.close()
+        if runlog is not None:
+            runlog.close()
+        stop.restore()
         if learner.publisher is not None:
             learner.publisher.close()
-    return 0
+    return stop.exit_code
 
 
 def _continue_versions(learner: Learner, client: BufferClient | None) -> None:
     """After a crash the buffer (and producers) may be ahead of the checkpoint: continue numbering above the
-    buffer's version, so the restored weights are announced as the newest and versions only ever increase."""
+    buffer's version, so the restored weights are announced as the newest and versions only ever increase. A
+    buffer at the checkpoint's own version (a stopped run resumed, or a crash right after a checkpoint) holds these
+    very weights: the learner goes on from there, and no version is skipped."""
     buffer_version = 0
     if client is not None:
         snap = client.request(P.MetricsRequest(client.identity), P.MetricsSnapshot, 30.0)
@@ -139,7 +155,7 @@ def _continue_versions(learner: Learner, client: BufferClient | None) -> None:
         t = torch.tensor([buffer_version], dtype=torch.long, device=learner.device)  # nccl wants device tensors
         dist.broadcast(t, 0)
         buffer_version = int(t.item())
-    if buffer_version > 0 and buffer_version >= learner.version:
+    if buffer_version > learner.version:
         log.warning("the buffer is at version %d, ahead of the checkpoint's %d (steps since the checkpoint were "
                     "lost): continuing at version %d", buffer_version, learner.version, buffer_version + 1)
         learner.version = buffer_version + 1

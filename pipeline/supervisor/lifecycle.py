@@ -11,17 +11,23 @@ and `restarts.decide` alone says whether the child starts again; a restarted lea
 (its last checkpoint or snapshot), a producer starts fresh (the buffer re-issues its rounds once its heartbeats
 stop). The watch ends when the learner exits 0, or when the buffer exits 0 after the learner's Shutdown and the
 learner follows within LEARNER_EXIT_S; a RunFailed ends the run.
+
+Stop: the learner and the producers get SIGTERM first; the learner finishes the step in progress, checkpoints it
+and exits (up to LEARNER_STOP_S, or until the person presses Ctrl-C again), and only then does the buffer stop,
+so its last snapshot holds the learner's last version. A stopped run resumes (`--resume`) where it stopped.
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 
 from pipeline import protocol as P
-from pipeline.supervisor.live import Display, JsonlTail
+from pipeline.jsonl import JsonlTail
+from pipeline.supervisor.live import Display
 from pipeline.supervisor.plan import RunPlan
-from pipeline.supervisor.procs import Child
+from pipeline.supervisor.procs import Child, stop_all
 from pipeline.supervisor.restarts import POLICIES, Death, decide, last_error_line
 from pipeline.transport import BufferClient
 
@@ -29,6 +35,7 @@ BUFFER_START_S = 60.0
 PRODUCERS_START_S = 600.0
 RESUME = {"learner": "--resume", "buffer": "--resume", "producer": None}
 LEARNER_EXIT_S = 60.0
+LEARNER_STOP_S = 600.0  # a stopped learner finishes its step and checkpoints within this (a real model's step)
 METRICS_EVERY_S = 1.0
 TICK_S = 0.2
 
@@ -75,6 +82,22 @@ def start_all(plan: RunPlan, client: BufferClient, stopping: Callable[[], str],
     plan.learner.start()
 
 
+def stop_run(plan: RunPlan, forced: Callable[[], bool], learner_stop_s: float = LEARNER_STOP_S) -> None:
+    """Stop every child so that no trained step is lost (see the module docstring); `forced()` turning true (a
+    second Ctrl-C) ends the wait for the learner at once."""
+    learner = plan.learner
+    for child in [learner, *plan.producers]:
+        child.signal(signal.SIGTERM)
+    end, said = time.monotonic() + learner_stop_s, False
+    while learner.poll() is None and time.monotonic() < end and not forced():
+        if not said and time.monotonic() > end - learner_stop_s + 2.0:
+            print(f"stopping: the learner finishes its step and saves a checkpoint (up to {learner_stop_s:.0f} s; "
+                  "Ctrl-C again kills it, losing the steps since its last checkpoint)", flush=True)
+            said = True
+        time.sleep(0.1)
+    stop_all(plan.children)
+
+
 def buffer_metrics(client: BufferClient, timeout_s: float = 1.0) -> dict | None:
     """The buffer's MetricsSnapshot as a dict, or None when it did not answer within `timeout_s`."""
     snap = client.request(P.MetricsRequest("supervisor"), P.MetricsSnapshot, timeout_s)
@@ -114,7 +137,9 @@ class Watch:
         self.stopping = stopping
         self.steps_tail = JsonlTail(plan.run_dir / "metrics.jsonl")
         self.eval_tail = JsonlTail(plan.run_dir / "eval.jsonl")
-        self.steps_tail.read(), self.eval_tail.read()  # a resumed run shows only what this run adds
+        # a resumed run shows only what this run adds
+        self.last_step = max((row.get("step", 0) for row in self.steps_tail.read()), default=0)
+        self.eval_tail.read()
         self.last_metrics = 0.0
 
     def run(self) -> None:
@@ -163,6 +188,10 @@ class Watch:
 
     def read_tails(self) -> None:
         for row in self.steps_tail.read():
-            self.display.step(row)
+            # a restarted learner rewrites metrics.jsonl without the rows past its checkpoint: the tail reads the
+            # file again from its start, and the versions already shown are skipped
+            if row.get("step", 0) > self.last_step:
+                self.last_step = row.get("step", 0)
+                self.display.step(row)
         for row in self.eval_tail.read():
             self.display.eval(row)

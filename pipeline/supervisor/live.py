@@ -8,7 +8,6 @@ reward, every prompt dropped). A missing key shows as "-", never as an error.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from pipeline.export import HF_DIR, latest_checkpoint
+from pipeline.jsonl import JsonlTail as JsonlTail  # the live view's reader of metrics.jsonl and eval.jsonl
 from pipeline.plots import plot_runs
 
 PROGRESS_EVERY_S = 30.0  # a plain progress line this often without a terminal
@@ -37,34 +37,6 @@ def sparkline(values: list[float], width: int = 32, lo: float | None = None, hi:
     hi = max(vals) if hi is None else hi
     span = (hi - lo) or 1.0
     return "".join(BARS[min(len(BARS) - 1, max(0, int((v - lo) / span * (len(BARS) - 1) + 0.5)))] for v in vals)
-
-
-class JsonlTail:
-    """Reads the rows appended to a JSONL file since the last call (tolerates a partial last line)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.partial = b""
-
-    def read(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        data = self.partial + data
-        lines = data.split(b"\n")
-        self.partial = lines.pop()
-        rows = []
-        for line in lines:
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
-        return rows
 
 
 @dataclass

@@ -5,6 +5,10 @@ its exact command: the buffer, `producers.count` producers and the learner (unde
 Every child reads the same resolved config.toml and is told only the router port; the control channel is the next
 port.
 
+The run directory belongs to one run: a fresh start needs it empty or absent (`--overwrite` deletes a previous run's
+first), and `--resume` continues the run it holds, starting the buffer and the learner with --resume (the buffer
+from its snapshot, the learner from its latest checkpoint) and producers fresh.
+
 Without CurveZMQ keys, each run gets a fresh learner token (run_dir/learner.token, mode 0600, see pipeline/auth.py):
 the buffer and the learner find it through the run directory, so it is never on a command line, and only the
 learner can take batches, announce weights or stop the buffer. Restarted children read the same file.
@@ -12,19 +16,23 @@ learner can take batches, announce weights or stop the buffer. Restarted childre
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.auth import create_token, learner_token_path
 from pipeline.config import Config, ConfigError, dumps_toml, key_path
-from pipeline.config.schema import DataConfig, EndpointsConfig
+from pipeline.config.schema import DataConfig, EndpointsConfig, LearnerConfig, RunConfig
+from pipeline.export import latest_checkpoint
 from pipeline.models import resolve_model_path
 from pipeline.supervisor.procs import Child, write_commands
 from pipeline.transport import free_port_pair
 
 ROUTER_PORT = key_path(EndpointsConfig, "router_port")
+RUN_MARKERS = ("config.toml", "metrics.jsonl", "checkpoints", "logs")  # what only a run directory holds
 
 
 @dataclass
@@ -66,17 +74,20 @@ def _python() -> list[str]:
     return [sys.executable, "-m", "pipeline.cli"]
 
 
-def plan_children(cfg: Config, cfg_path: Path, model_dir: str, log_dir: Path, router_port: int) -> list[Child]:
-    """The buffer, producers and learner of a run as Child objects (not started)."""
+def plan_children(cfg: Config, cfg_path: Path, model_dir: str, log_dir: Path, router_port: int,
+                  resume: bool = False) -> list[Child]:
+    """The buffer, producers and learner of a run as Child objects (not started); with `resume`, the buffer and
+    the learner continue from the run's snapshot and checkpoint."""
     connect = f"{cfg.endpoints.host}:{router_port}"
     common = ["--config", str(cfg_path), "--model", model_dir, f"--{ROUTER_PORT}", str(router_port)]
-    children = [Child("buffer", "buffer", _python() + ["buffer"] + common, log_dir)]
+    again = ["--resume"] if resume else []
+    children = [Child("buffer", "buffer", _python() + ["buffer"] + common + again, log_dir)]
     for i in range(cfg.producers.count):
         env = {"CUDA_VISIBLE_DEVICES": cfg.producers.devices[i]} if cfg.producers.devices else {}
         children.append(Child(f"producer-{i}", "producer",
                               _python() + ["producer", "--connect", connect, "--id", f"producer-{i}"] + common,
                               log_dir, env))
-    learner_args = ["--connect", connect] + common
+    learner_args = ["--connect", connect] + common + again
     if cfg.learner.num_ranks > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={cfg.learner.num_ranks}", "-m", "pipeline.consumer.main"] + learner_args
@@ -95,9 +106,41 @@ def check_data_files(cfg: Config) -> None:
                                   "\"arithmetic\")")
 
 
-def plan_run(cfg: Config) -> RunPlan:
+def checkpoint_version(run_dir: Path) -> int | None:
+    """The version of the run's latest checkpoint, or None when it has none."""
+    ckpt = latest_checkpoint(run_dir / "checkpoints")
+    return None if ckpt is None else int(json.loads((ckpt / "meta.json").read_text())["version"])
+
+
+def prepare_run_dir(cfg: Config, resume: bool = False, overwrite: bool = False) -> None:
+    """Check (and with `overwrite`, empty) the run directory before anything starts; a ConfigError says what to do.
+
+    A fresh run needs an absent or empty directory: reusing one would append to its metrics.jsonl and overwrite
+    its checkpoints. `resume` needs a run directory whose latest checkpoint is below learner.num_steps."""
+    run_dir = cfg.run_dir
+    name_key = key_path(RunConfig, "name")
+    if resume:  # the config came from the run directory's config.toml (supervisor/main.py)
+        version = checkpoint_version(run_dir)
+        if version is not None and version >= cfg.learner.num_steps:
+            raise ConfigError(f"{key_path(LearnerConfig, 'num_steps')}: the run already reached version {version} "
+                              f"(learner.num_steps = {cfg.learner.num_steps}); raise it to train on, e.g. "
+                              f"--learner.num_steps {version + cfg.learner.num_steps}")
+        return
+    if not run_dir.is_dir() or not any(run_dir.iterdir()):
+        return
+    if not overwrite:
+        raise ConfigError(f"{name_key}: the run directory {run_dir} is not empty (a previous run): continue it with "
+                          f"`reinforce-ada train --resume {run_dir}`, start it over with --overwrite (deletes it), or "
+                          "choose another --run.name")
+    if not any((run_dir / marker).exists() for marker in RUN_MARKERS):
+        raise ConfigError(f"{name_key}: --overwrite refuses to delete {run_dir}: it holds no run (none of "
+                          f"{', '.join(RUN_MARKERS)}); choose another --run.name or --run.dir")
+    shutil.rmtree(run_dir)
+
+
+def plan_run(cfg: Config, resume: bool = False) -> RunPlan:
     """Create the run directory, resolve the model (building the tiny one on first use), choose the ports, and
-    record every child's command in commands.sh."""
+    record every child's command in commands.sh (prepare_run_dir has checked the directory)."""
     run_dir = cfg.run_dir
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     if cfg.model.path == "tiny":
@@ -108,6 +151,6 @@ def plan_run(cfg: Config) -> RunPlan:
     if not cfg.endpoints.keys_dir:  # with keys, the learner's key holds the role
         create_token(learner_token_path(run_dir))
     router_port = cfg.endpoints.router_port or free_port_pair()
-    children = plan_children(cfg, cfg_path, model_dir, run_dir / "logs", router_port)
+    children = plan_children(cfg, cfg_path, model_dir, run_dir / "logs", router_port, resume)
     write_commands(run_dir / "commands.sh", children, os.getcwd())
     return RunPlan(cfg, run_dir, children, router_port)
