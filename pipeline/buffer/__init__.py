@@ -2,7 +2,7 @@
 
 Where things are: `logic.py` (downsampling, advantages), `exit_rules.py` (when a prompt stops sampling: a new
 rule goes there), `state.py` (a prompt's pool, round ids), `pools.py` (active and waiting prompts, release),
-`scheduler.py` (rounds, leases, versions), `evals.py` (held-out evaluation rounds), `core.py` (every message,
+`scheduler.py` (rounds, leases, versions), `sampler.py` (the scheduler in your own training loop), `evals.py` (held-out evaluation rounds), `core.py` (every message,
 without sockets), `service.py` (the sockets), `snapshot.py` (--resume), `metrics.py` and `progress.py` (what the
 buffer reports).
 """
@@ -18,10 +18,12 @@ from pipeline.buffer.logic import (
     pool_advantages,
 )
 from pipeline.buffer.pools import Released, SubmitOutcome
+from pipeline.buffer.sampler import AdaptiveSampler, Rollout
 from pipeline.buffer.scheduler import Scheduler
 from pipeline.buffer.state import InFlight, PoolSample, PromptState, RoundIds
 
 __all__ = [
+    "AdaptiveSampler",
     "DOWNSAMPLE_POLICIES",
     "EXIT_RULES",
     "MIN_STD",
@@ -30,6 +32,7 @@ __all__ = [
     "PoolSample",
     "PromptState",
     "Released",
+    "Rollout",
     "RoundIds",
     "Scheduler",
     "SubmitOutcome",
