@@ -1,10 +1,11 @@
 """The rollout buffer: pure scheduling logic (this package's public API) and, around it, the ZeroMQ service.
 
 Where things are: `logic.py` (downsampling, advantages), `exit_rules.py` (when a prompt stops sampling: a new
-rule goes there), `state.py` (a prompt's pool, round ids), `pools.py` (active and waiting prompts, release),
-`scheduler.py` (rounds, leases, versions), `sampler.py` (the scheduler in your own training loop), `evals.py` (held-out evaluation rounds), `core.py` (every message,
-without sockets), `service.py` (the sockets), `snapshot.py` (--resume), `metrics.py` and `progress.py` (what the
-buffer reports).
+rule goes there), `allocation.py` (how many samples a round gets, which examples wait: a new policy goes there),
+`state.py` (a prompt's pool, round ids), `pools.py` (active and waiting prompts, release), `scheduler.py` (rounds,
+leases, versions), `sampler.py` (the scheduler in your own training loop), `evals.py` (held-out evaluation rounds),
+`core.py` (every message, without sockets), `service.py` (the sockets), `snapshot.py` (--resume), `metrics.py` and
+`progress.py` (what the buffer reports).
 """
 
 from pipeline.buffer.exit_rules import EXIT_RULES, ExitRule, exit_reached, make_exit_rule
