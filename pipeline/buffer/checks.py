@@ -135,10 +135,10 @@ def check_result(msg: P.RoundResult, lease: Lease, limits: Limits, learner_versi
         return "length", f"completion lengths {min(lengths)}..{max(lengths)} outside 1..{longest}"
     if max(abs(s.reward) for s in samples) > limits.max_abs_reward:
         return "reward", f"a reward beyond +-{limits.max_abs_reward:g} (buffer.max_abs_reward)"
-    logprobs = np.concatenate([s.logprobs for s in samples])  # one pass over every sample's log-probs
-    top = float(logprobs.max())
-    if not (top <= LOGPROB_EPS and math.isfinite(float(logprobs.sum()))):  # NaN fails every comparison
-        return "logprob", f"behaviour log-probs must be finite and <= {LOGPROB_EPS:g} (max {top})"
+    logprobs = np.concatenate([s.logprobs for s in samples])  # two reductions over every sample's log-probs
+    top, low = float(logprobs.max()), float(logprobs.min())
+    if not (top <= LOGPROB_EPS and math.isfinite(low)):  # a NaN makes both NaN, and NaN fails every comparison
+        return "logprob", f"behaviour log-probs must be finite and <= {LOGPROB_EPS:g} (they span {low}..{top})"
     newest = max(s.version for s in samples)
     if newest > learner_version + limits.version_slack:
         return "version", f"sample version {newest} is ahead of the learner's {learner_version}"
@@ -153,11 +153,11 @@ def out_of_vocab(msg: P.RoundResult, vocab_size: int) -> str:
     ids = msg.prompt_token_ids
     if ids.size and int(ids.max()) >= vocab_size:
         return f"prompt token id {int(ids.max())} >= vocab_size {vocab_size}"
-    for i, sample in enumerate(msg.samples):
-        ids = sample.token_ids
-        if ids.size and int(ids.max()) >= vocab_size:
-            return f"sample {i} has token id {int(ids.max())} >= vocab_size {vocab_size}"
-    return ""
+    every = np.concatenate([s.token_ids for s in msg.samples]) if msg.samples else ids[:0]
+    if not every.size or int(every.max()) < vocab_size:  # one reduction on the hot path; the culprit only if any
+        return ""
+    i = next(i for i, s in enumerate(msg.samples) if s.token_ids.size and int(s.token_ids.max()) >= vocab_size)
+    return f"sample {i} has token id {int(msg.samples[i].token_ids.max())} >= vocab_size {vocab_size}"
 
 
 def weights_problem(ann: P.WeightAnnouncement, version: int, cfg: Config) -> str:
