@@ -78,6 +78,7 @@ class RoundAssignment(_Msg):
     kind: str = "train"  # "train" | "eval" (held-out evaluation); the producer echoes it in its RoundResult
     max_new_tokens: int = 0  # completion tokens per sample at most; 0 = the producer's sampling.max_new_tokens
     stream: bool = False  # report each sample as it finishes (SampleResults), not the whole round (RoundResult)
+    extras: dict[str, Any] = {}  # the example's data.extra_keys values: keyword arguments of reward.fn
 
 
 class WeightAnnouncement(_Msg):

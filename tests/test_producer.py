@@ -152,8 +152,15 @@ class FakeEngine:
 class FakePool:
     num_workers = 1
 
-    async def ascore(self, completions, answers):
+    def __init__(self):
+        self.extras: list = []  # the extras each sample was scored with
+
+    async def ascore(self, completions, answers, extras=None):
+        self.extras += list(extras or [None] * len(completions))
         return [float(c == a) for c, a in zip(completions, answers)]
+
+    def metrics(self):
+        return {"reward_errors": 0}
 
 
 class FakeClient:
@@ -203,17 +210,20 @@ def test_worker_requests_generates_scores_and_stops():
         req = client.of(P.WorkRequest)[0]
         assert (req.producer_id, req.max_rounds, req.version) == ("p0", 3, 0)  # min(free 4, max_rounds 3)
         assert req.max_samples == 4
-        eval_round = P.RoundAssignment(2, 20, "2+2", "4", 2, 60.0, "eval")
+        eval_round = P.RoundAssignment(2, 20, "2+2", "4", 2, 60.0, "eval", extras={"tests": ["assert 1"]})
         await client.replies.put(P.Assignments([_assign(1), eval_round], 0))
         await _until(lambda: len(client.of(P.RoundResult)) == 2)
         res = {r.round_id: r for r in client.of(P.RoundResult)}
         assert [s.reward for s in res[1].samples] == [1.0, 0.0] and res[2].prompt_id == 20
         assert (res[1].kind, res[2].kind) == ("train", "eval")  # the kind is echoed
+        # every sample is scored with its round's extras (data.extra_keys: reward.fn's keyword arguments)
+        assert sorted(map(str, prod.pool.extras)) == ["{'tests': ['assert 1']}"] * 2 + ["{}"] * 2
         assert all(s.version == 0 and s.token_ids.dtype == np.int32 for s in res[1].samples)
         # at most one request outstanding: nothing new was asked before the reply; the next one counts the
         # two rounds started by the reply (4 slots - 2)
         assert len(client.of(P.WorkRequest)) == 2 and client.of(P.WorkRequest)[1].max_rounds == 2
         await _until(lambda: any(h.stats["rounds_done"] == 2 for h in client.of(P.Heartbeat)))
+        assert "reward_errors" in client.of(P.Heartbeat)[-1].stats  # the reward pool's failure counters
         await client.control.put(P.Shutdown("done"))
         assert await asyncio.wait_for(task, 5) == 0
 

@@ -73,9 +73,13 @@ def test_appended_fields_have_defaults_so_older_peers_still_decode():
     a = P.RoundAssignment(1, 2, "q", "a", 8, 30.0)
     assert (a.kind, a.max_new_tokens) == ("train", 0) and P.ROUND_KINDS == ("train", "eval")
     fields = P.RoundAssignment.__struct_fields__
-    assert fields[-3:-1] == ("kind", "max_new_tokens") and P.RoundResult.__struct_fields__[-1] == "kind"
+    assert fields[-4:-2] == ("kind", "max_new_tokens") and P.RoundResult.__struct_fields__[-1] == "kind"
     # later appends: RoundAssignment.stream and WorkRequest.max_samples, which an older peer leaves at their defaults
-    assert fields[-1] == "stream" and not a.stream and P.WorkRequest.__struct_fields__[-1] == "max_samples"
+    assert fields[-2] == "stream" and not a.stream and P.WorkRequest.__struct_fields__[-1] == "max_samples"
+    # and RoundAssignment.extras (reward.fn's keyword arguments): an assignment without them has none
+    assert fields[-1] == "extras" and a.extras == {}
+    short = msgspec.msgpack.encode(["RoundAssignment", 1, 2, "q", "a", 8, 30.0, "eval", 5, True])
+    assert P.Decoder(P.RoundAssignment).decode([short]).extras == {}
     old_request = msgspec.msgpack.encode(["WorkRequest", "p0", 4, 0])
     assert P.Decoder(P.ToBuffer).decode([old_request]).max_samples == 0
 

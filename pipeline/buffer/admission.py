@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.buffer.allocation import MAX_DEFERRALS, Allocation, Prior
-from pipeline.buffer.state import History, PromptState
+from pipeline.buffer.state import History, PromptRow, PromptState
 
 
 class Admission:
     """The data cursor, prompt ids and per-example histories; see the module docstring."""
 
-    def __init__(self, prompts: Sequence[tuple[str, str]], policy: Allocation) -> None:
+    def __init__(self, prompts: Sequence[PromptRow], policy: Allocation) -> None:
         self.prompts, self.policy = prompts, policy
         self.cursor = 0
         self.next_prompt_id = 0
@@ -60,7 +60,7 @@ class Admission:
         hist.pos, hist.neg = hist.pos * decay, hist.neg * decay
         hist.visits += 1
         hist.deferred = 0
-        prompt, answer = self.prompts[example]
+        prompt, answer = self.prompts[example][:2]
         prompt_id = self.next_prompt_id
         self.next_prompt_id += 1
         return PromptState(prompt_id, example, prompt, answer, admitted_at=now, admitted_order=prompt_id)

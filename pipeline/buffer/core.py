@@ -53,6 +53,7 @@ from pipeline.buffer.peers import IN_PROCESS, Conn, Peers, peer_name
 from pipeline.buffer.progress import ProgressLog, progress
 from pipeline.buffer.scheduler import Scheduler
 from pipeline.buffer.snapshot import SNAPSHOT_EVERY, Snapshots
+from pipeline.buffer.state import PromptRow
 from pipeline.config import Config
 from pipeline.prompts import Prompt
 
@@ -84,7 +85,7 @@ class _Parked:
 class BufferCore:
     """The buffer's state and message handling; see the module docstring."""
 
-    def __init__(self, cfg: Config, prompts: Sequence[tuple[str, str]], eval_prompts: Sequence[Prompt], *,
+    def __init__(self, cfg: Config, prompts: Sequence[PromptRow], eval_prompts: Sequence[Prompt], *,
                  now: float, snapshot_every: int = SNAPSHOT_EVERY, resume: bool = False,
                  vocab_size: int | None = None, wall_clock: Callable[[], float] = time.time) -> None:
         if vocab_size is not None and vocab_size < 1:
@@ -376,7 +377,7 @@ class BufferCore:
         """Write the state that `--resume` restores (see snapshot.py) atomically; False if it failed."""
         return self.snapshots.write(self.scheduler, self.latest_weights)
 
-    def _resume(self, prompts: Sequence[tuple[str, str]]) -> bool:
+    def _resume(self, prompts: Sequence[PromptRow]) -> bool:
         """Restore the last snapshot; False (a fresh start) when there is none. Raises ValueError if unusable."""
         restored = self.snapshots.restore(prompts)
         if restored is not None:

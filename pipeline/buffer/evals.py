@@ -96,7 +96,7 @@ class Evals:
                 self._version_of[round_id] = run.version
                 prompt = self.prompts[problem]
                 out.append(P.RoundAssignment(round_id, problem, prompt.text, prompt.answer, self.k, self.lease_s,
-                                             "eval", self.max_new_tokens))
+                                             "eval", self.max_new_tokens, extras=prompt.extras))
         self.counts["rounds_issued"] += len(out)
         return out
 

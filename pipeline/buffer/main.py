@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = args.model or resolve_model_path(cfg, build=prompt_template(cfg) == "auto")
         vocab_size = read_vocab_size(model_dir)
         run_prompts = build_prompts(cfg, model_dir)
-        prompts = [(p.text, p.answer) for p in run_prompts.train]
+        # (prompt, answer, extras): the extras travel with every round to the producers' reward.fn
+        prompts = [(p.text, p.answer, p.extras) for p in run_prompts.train]
         eval_prompts = run_prompts.evals  # Prompt objects: their benchmark names the per-benchmark scores
         # SecurityError (missing keys) and snapshot errors are ValueErrors, a port in use is an OSError
         service = BufferService(cfg, prompts, eval_prompts, snapshot_every=args.snapshot_every,

@@ -27,6 +27,7 @@ import numpy as np
 
 from pipeline import protocol as P
 from pipeline.buffer.scheduler import Scheduler
+from pipeline.buffer.state import PromptRow
 from pipeline.config import BufferConfig, SamplingConfig
 
 _SELF = "in-process"  # the scheduler's name for the one "producer": this process
@@ -49,7 +50,7 @@ Generate = Callable[[list[str], list[int]], Sequence[Sequence[Rollout]]]
 class AdaptiveSampler:
     """Adaptive sampling for a synchronous training loop; see the module docstring."""
 
-    def __init__(self, prompts: Sequence[tuple[str, str]], batch_size: int, *,
+    def __init__(self, prompts: Sequence[PromptRow], batch_size: int, *,
                  sampling: SamplingConfig | None = None, buffer: BufferConfig | None = None, seed: int = 0) -> None:
         sampling = sampling or SamplingConfig(exit_check="round")
         buffer = buffer or BufferConfig(max_staleness=0)

@@ -71,7 +71,7 @@ from pipeline.buffer.counters import COUNTERS, IGNORE_REASONS, MAX_REJECTIONS
 from pipeline.buffer.exit_rules import make_exit_rule
 from pipeline.buffer.leases import Leases
 from pipeline.buffer.pools import Pools, Released, SubmitOutcome
-from pipeline.buffer.state import History, InFlight, PromptState, RoundIds
+from pipeline.buffer.state import History, InFlight, PromptRow, PromptState, RoundIds
 from pipeline.config import BufferConfig, SamplingConfig
 
 __all__ = ["COUNTERS", "MAX_REJECTIONS", "MAX_ROUNDS_FACTOR", "Released", "Scheduler", "SubmitOutcome"]
@@ -84,7 +84,7 @@ class Scheduler:
         sampling: SamplingConfig,
         buffer: BufferConfig,
         batch_size: int,
-        prompts: Sequence[tuple[str, str]],
+        prompts: Sequence[PromptRow],
         seed: int,
         round_ids: RoundIds | None = None,
     ) -> None:
@@ -321,7 +321,12 @@ class Scheduler:
         self._counts["rounds_issued"] += 1
         # samples are streamed only when the exit rule is checked per sample (else a whole result suffices)
         return P.RoundAssignment(round_id, st.prompt_id, st.prompt, st.answer, size, self.buffer.lease_s,
-                                 stream=self.pools.exit_check != "round")
+                                 stream=self.pools.exit_check != "round", extras=self._extras(st.example_index))
+
+    def _extras(self, example: int) -> dict[str, Any]:
+        """An example's reward extras: the optional third item of its (prompt, answer, extras) entry."""
+        row = self._prompts[example]
+        return row[2] if len(row) > 2 else {}
 
     def _cancel(self, st: PromptState, counter: str) -> None:
         fl = st.in_flight
@@ -407,7 +412,7 @@ class Scheduler:
         sampling: SamplingConfig,
         buffer: BufferConfig,
         batch_size: int,
-        prompts: Sequence[tuple[str, str]],
+        prompts: Sequence[PromptRow],
         *,
         round_id_offset: int = 0,
     ) -> Scheduler:

@@ -35,6 +35,7 @@ from pipeline.buffer.core import BufferCore, Out
 from pipeline.buffer.incidents import log_now
 from pipeline.buffer.peers import Conn
 from pipeline.buffer.snapshot import SNAPSHOT_EVERY
+from pipeline.buffer.state import PromptRow
 from pipeline.config import Config
 from pipeline.prompts import Prompt
 from pipeline.transport import ServerSecurity, apply_heartbeats, check_bind
@@ -60,7 +61,7 @@ def max_frames(cfg: Config) -> int:
 class BufferService:
     """Serves producers and the learner over ZeroMQ; see the module docstring."""
 
-    def __init__(self, cfg: Config, prompts: Sequence[tuple[str, str]], eval_prompts: Sequence[Prompt],
+    def __init__(self, cfg: Config, prompts: Sequence[PromptRow], eval_prompts: Sequence[Prompt],
                  router_url: str | None = None, control_url: str | None = None, *,
                  snapshot_every: int = SNAPSHOT_EVERY, resume: bool = False, vocab_size: int | None = None) -> None:
         keys_dir = cfg.endpoints.keys_dir

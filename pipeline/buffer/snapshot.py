@@ -33,6 +33,7 @@ import msgspec
 
 from pipeline import protocol as P
 from pipeline.buffer.scheduler import Scheduler
+from pipeline.buffer.state import PromptRow
 from pipeline.config import Config
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ class Snapshots:
         self.info = {"version": float(version), "bytes": float(size), "seconds": time.perf_counter() - t0}
         return True
 
-    def restore(self, prompts: Sequence[tuple[str, str]]) -> tuple[Scheduler, BufferSnapshot] | None:
+    def restore(self, prompts: Sequence[PromptRow]) -> tuple[Scheduler, BufferSnapshot] | None:
         """The Scheduler of the last snapshot (round ids moved on by RESUME_ROUND_ID_GAP) and the snapshot, its
         counters restored; None without one. Raises ValueError (naming the file and the fix) if unusable."""
         snap = read_snapshot(self.path)

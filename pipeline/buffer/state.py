@@ -36,6 +36,10 @@ def _empty_ids() -> np.ndarray:
     return np.zeros(0, dtype=np.int32)
 
 
+# a training example: (templated prompt, gold answer) or (prompt, answer, extras: reward.fn's keyword arguments)
+PromptRow = tuple[str, str] | tuple[str, str, dict[str, Any]]
+
+
 class PoolSample(msgspec.Struct, gc=False):
     """One accepted sample in a prompt's pool. It keeps the decoded wire Sample itself (validated once, its arrays
     still views on the received frames), so handing it to the learner copies nothing."""

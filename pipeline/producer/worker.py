@@ -212,7 +212,7 @@ class Producer:
                 await asyncio.gather(*scoring)
                 self.stats.round_done(len(out.completions), num_tokens)
                 return
-            rewards = await self._score([c.text for c in out.completions], a.answer)
+            rewards = await self._score([c.text for c in out.completions], a)
             if a.round_id in self._aborted:
                 self.counts["rounds_aborted"] += 1
                 return
@@ -234,7 +234,7 @@ class Producer:
 
     async def _score_sample(self, a: P.RoundAssignment, index: int, c: Any, prompt_ids: np.ndarray) -> None:
         """Score one finished sample of streamed round `a` and queue it (or count it, if the round was aborted)."""
-        (reward,) = await self._score([c.text], a.answer)
+        (reward,) = await self._score([c.text], a)
         if a.round_id in self._aborted:
             self._outbox.aborted(a.round_id, a.prompt_id, 1, len(c.token_ids))
         else:
@@ -254,12 +254,13 @@ class Producer:
         if len(self._outbox):
             await self.client.send(P.SampleResults(self.id, self._outbox.take()))
 
-    async def _score(self, completions: list[str], answer: str) -> list[float]:
-        answers = [answer] * len(completions)
+    async def _score(self, completions: list[str], a: P.RoundAssignment) -> list[float]:
+        """reward.fn of each completion against the round's answer and extras (data.extra_keys)."""
+        answers, extras = [a.answer] * len(completions), [a.extras] * len(completions)
         if self.pool.num_workers > 0:
-            return await self.pool.ascore(completions, answers)
-        # inline scoring would block the loop: run it in a thread (math_reward then uses its own process)
-        return await asyncio.get_running_loop().run_in_executor(None, self.pool.score, completions, answers)
+            return await self.pool.ascore(completions, answers, extras)
+        # inline scoring would block the loop: run it in a thread (the reward then uses its own process)
+        return await asyncio.get_running_loop().run_in_executor(None, self.pool.score, completions, answers, extras)
 
     # ---- control channel ----
 
@@ -347,7 +348,7 @@ class Producer:
         stats = self.stats.snapshot(
             running_rounds=len(self._rounds), live_samples=self.engine.live_samples,
             weight_version=self.engine.version, last_weight_load_s=self.engine.last_load_seconds,
-            learner_version=self.learner_version)
+            learner_version=self.learner_version, **self.pool.metrics())
         await self.client.send(P.Heartbeat(self.id, "producer", self.engine.version, stats))
 
     # ---- shutdown ----
@@ -395,7 +396,7 @@ async def run_producer(cfg: Config, router_url: str, control_url: str, producer_
             loop.add_signal_handler(sig, stopped.append, sig.name)
         except (NotImplementedError, RuntimeError, ValueError):
             pass
-    pool = RewardPool(p.reward_workers, p.reward_timeout_s)
+    pool = RewardPool.from_config(cfg)  # reward.fn, with data.extra_keys as its keyword arguments
     engine = None
     client = AsyncBufferClient(router_url, control_url, producer_id, keys_dir=cfg.endpoints.keys_dir)
     try:
