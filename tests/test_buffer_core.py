@@ -310,3 +310,24 @@ def test_almost_every_prompt_dropped_is_warned_about(tmp_path, caplog):
     (warned,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "57 of 60 settled prompts were dropped" in warned and "buffer.unresolved" in warned
     assert core.metrics(now)["progress"]["warnings"] == [warned]
+
+
+def test_a_run_whose_reward_never_fires_is_stopped_by_the_buffer(tmp_path, caplog):
+    limit = 96
+    core = make(tmp_path, "--buffer.stop_without_signal", str(limit), "--buffer.max_staleness", "100", evals=[])
+    now = 0.0
+    while core.scheduler.metrics()["samples_received"] < limit:
+        assert core.stop_reason is None and not core.fatal
+        answer(core, work(core, now, n=2), now, rewards=lambda a: [0] * a.num_samples)
+        now += 2.0
+        core.tick(now)
+    assert core.fatal and core.stop_reason == core.fatal and core.finished(now)
+    assert "reward never fired in" in core.fatal and "buffer.stop_without_signal" in core.fatal
+    assert any(r.levelno == logging.ERROR and "stopping the run" in r.getMessage() for r in caplog.records)
+    # with a signal, or with the stop turned off, the same run goes on
+    for overrides, rewards in (([str(limit)], mixed), (["0"], lambda a: [0] * a.num_samples)):
+        core = make(tmp_path, "--buffer.stop_without_signal", *overrides, "--buffer.max_staleness", "100", evals=[])
+        for i in range(8):
+            answer(core, work(core, float(i), n=2), float(i), rewards=rewards)
+            core.tick(float(i) + 2)
+        assert core.scheduler.metrics()["samples_received"] >= limit and not core.fatal

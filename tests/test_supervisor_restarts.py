@@ -159,3 +159,29 @@ def test_a_child_that_dies_while_starting_ends_the_run_with_its_error(tmp_path):
     assert "    OSError: Address already in use" in str(err.value)
     with pytest.raises(RunFailed, match="interrupted"):
         wait_until(lambda: False, [], 30, "the buffer", stopping=lambda: "interrupted (Ctrl-C)")
+
+
+def test_a_child_that_stops_the_run_on_purpose_is_not_restarted(tmp_path):
+    from pipeline.exits import EXIT_FATAL
+
+    verdict = decide([Death(EXIT_FATAL)], POLICIES["buffer"])
+    assert verdict is not None and verdict.fatal
+    text = verdict.describe("buffer", "b.log", "INFO serving\nbuffer: stopping the run: the reward never fired\n\n")
+    assert f"buffer stopped the run (exit code {EXIT_FATAL})" in text
+    assert "the reward never fired" in text and "b.log" in text
+    # through the real watch loop: the buffer exits EXIT_FATAL, the learner follows with 0 (it got the Shutdown)
+    py = sys.executable
+    say = "import sys; print('buffer: stopping the run: the reward never fired', file=sys.stderr); sys.exit(%d)"
+    say %= EXIT_FATAL
+    children = [Child("buffer", "buffer", [py, "-c", say], tmp_path),
+                Child("learner", "learner", [py, "-c", "import time; time.sleep(1.0)"], tmp_path)]
+    plan = RunPlan(Config(), tmp_path, children, router_port=0)
+    try:
+        for child in children:
+            child.start()
+        watch = Watch(plan, Display(RunState("t", 1), tty=False), lambda: None, lambda: "")
+        with pytest.raises(RunFailed, match="buffer stopped the run .exit code 78.:\n    buffer: stopping the run"):
+            watch.run()
+        assert children[0].restarts == 0
+    finally:
+        stop_all(children)

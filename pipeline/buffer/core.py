@@ -50,7 +50,7 @@ from pipeline.buffer.evals import Evals
 from pipeline.buffer.incidents import Incidents
 from pipeline.buffer.intake import Intake
 from pipeline.buffer.peers import IN_PROCESS, Conn, Peers, peer_name
-from pipeline.buffer.progress import ProgressLog, progress
+from pipeline.buffer.progress import ProgressLog, hopeless, progress
 from pipeline.buffer.scheduler import Scheduler
 from pipeline.buffer.snapshot import SNAPSHOT_EVERY, Snapshots
 from pipeline.buffer.state import PromptRow
@@ -107,6 +107,8 @@ class BufferCore:
         self.eval_log = cfg.run_dir / "eval.jsonl"
         self.eval_log.parent.mkdir(parents=True, exist_ok=True)
         self.stop_reason: str | None = None  # set by a Shutdown (then draining) or `stop`
+        self.fatal = ""  # why the buffer stopped the run itself (the process then exits with EXIT_FATAL)
+        self._last_hope_check = now
         self.started = now
         self._drain_until = 0.0
         self._eval_turn = 0  # which of evaluation and training gets an odd request's extra slot
@@ -204,6 +206,13 @@ class BufferCore:
         if self.progress_log.due(now):
             m = self.scheduler.metrics()
             self.progress_log.report(now, m, progress(m, self.producer_stats, self.peers.samples))
+        if self.stop_reason is None and self._last_hope_check + PEERS_EVERY_S <= now:
+            self._last_hope_check = now
+            why = hopeless(self.scheduler.metrics(), self.cfg.buffer.stop_without_signal)
+            if why:
+                log.error("%s", why)
+                self.fatal = why
+                self.stop(why)
 
     def stop(self, reason: str) -> None:
         """Stop at once, without draining (e.g. a time limit)."""

@@ -2,8 +2,9 @@
 
     reinforce-ada buffer --config FILE [--model DIR] [--resume] [--snapshot-every N] [--section.key VALUE ...]
 
-Exit codes: 0 after a Shutdown, 2 for a bad config, a refused bind (non-loopback without CurveZMQ keys), ports
-in use or an unusable snapshot; the message says which and how to fix it.
+Exit codes (pipeline/exits.py): 0 after a Shutdown; 2 for a bad config, a refused bind (non-loopback without
+CurveZMQ keys), ports in use or an unusable snapshot; 78 (EXIT_FATAL) when the buffer stopped the run itself
+because it cannot learn (buffer.stop_without_signal). The message says which and how to fix it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from pipeline.buffer.service import BufferService
 from pipeline.buffer.snapshot import SNAPSHOT_EVERY
 from pipeline.config import ConfigError, load_config
+from pipeline.exits import EXIT_FATAL
 from pipeline.models import prompt_template, resolve_model_path
 from pipeline.prompts import build_prompts
 from pipeline.transport import check_bind
@@ -80,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         service.close()
     log.info("stopped: %s", reason)
+    if service.core.fatal:  # the buffer stopped the run itself: restarting it cannot help (the supervisor knows)
+        print(f"buffer: {service.core.fatal}", file=sys.stderr, flush=True)
+        return EXIT_FATAL
     return 0
 
 

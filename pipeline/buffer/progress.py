@@ -6,7 +6,8 @@ unresolved) / dropped, groups waiting, learner version. The warnings:
 - the pass rate is exactly 0 (or 1) after WARN_AFTER_SAMPLES training samples: the reward never (or always)
   fires, so no group has signal;
 - at least DROP_WARN_SHARE of the prompts settled so far (DROP_WARN_AFTER of them at least) were dropped.
-The same numbers and warnings are in the MetricsSnapshot's `progress`, for the live view.
+The same numbers and warnings are in the MetricsSnapshot's `progress`, for the live view. A run whose reward never
+(or always) fired in buffer.stop_without_signal samples is hopeless: the buffer stops it (`hopeless`).
 
 Invariants: the line is logged at most once per PROGRESS_EVERY_S of the injected clock; a warning is logged when
 its condition starts to hold at a report (and again only after it stopped holding for a while).
@@ -43,6 +44,17 @@ def warnings(m: dict[str, Any]) -> dict[str, str]:
             "unservable): the learner gets almost nothing to train on; check the reward and the prompts' "
             'difficulty for this model, or raise sampling.max_rounds, or set buffer.unresolved = "keep"')
     return out
+
+
+def hopeless(m: dict[str, Any], limit: int) -> str:
+    """Why the run should stop ("" if it should not): the reward never (or always) fired in `limit` samples."""
+    samples, positives = m["samples_received"], m["positives_received"]
+    if not limit or samples < limit or positives not in (0, samples):
+        return ""
+    never = positives == 0
+    return (f"stopping the run: the reward {'never' if never else 'always'} fired in {samples} training samples "
+            f"(buffer.stop_without_signal = {limit}), so no group can carry a learning signal; check the answer "
+            "format, `data.template`, `reward.fn`" + ("" if never else ", and whether the task is too easy"))
 
 
 def progress(m: dict[str, Any], producers: dict[str, dict[str, float]],

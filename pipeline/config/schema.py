@@ -155,6 +155,9 @@ class BufferConfig(Section):
     max_abs_reward: Annotated[float, Meta(gt=0, le=1e100, description=(
         "a result with a reward beyond +-this is rejected and its round re-issued (a producer bug or attack; at "
         "most 1e100, so that no sum of squares overflows)"))] = 1e3
+    stop_without_signal: Annotated[int, Meta(ge=0, description=(
+        "the run stops (exit code 78) once this many training samples arrived and the reward never fired, or always "
+        "did: no group can carry a learning signal, so the time would be wasted (0 = never stop)"))] = 2048
 
 
 class LearnerConfig(Section):

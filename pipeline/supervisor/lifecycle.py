@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 
 from pipeline import protocol as P
+from pipeline.exits import EXIT_FATAL
 from pipeline.jsonl import JsonlTail
 from pipeline.supervisor.live import Display
 from pipeline.supervisor.plan import RunPlan
@@ -158,6 +159,8 @@ class Watch:
         learner, buffer = self.plan.learner, self.plan.buffer
         code = learner.poll()
         if code == 0:
+            if buffer.poll() == EXIT_FATAL:  # the learner stopped because the buffer stopped the run
+                restart_or_fail(buffer, EXIT_FATAL, self.display)
             return True
         if code is not None:  # the buffer kept its state meanwhile
             restart_or_fail(learner, code, self.display)

@@ -4,7 +4,9 @@ Policy: each role has a budget of restarts (a producer 5, the learner and the bu
 child that died `same_error_limit` times in a row with the same error (the last exception line of its log, equal
 after memory addresses are masked) is in a crash loop: restarting it again would only repeat the error, so the
 run stops with that line, the process and its log path. A death without an exception line (SIGKILL, a clean
-`sys.exit(3)`) never counts toward a crash loop and breaks one in progress.
+`sys.exit(3)`) never counts toward a crash loop and breaks one in progress. A child that exits with EXIT_FATAL
+stopped the run on purpose (the buffer saw that the reward never fires, the learner that nothing arrives): it is
+never restarted, and the run stops with the last line it logged.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from pipeline.exits import EXIT_FATAL
 
 SAME_ERROR_LIMIT = 3
 
@@ -46,9 +50,13 @@ class GiveUp:
 
     crash_loop: bool
     deaths: tuple[Death, ...]
+    fatal: bool = False  # the child stopped the run on purpose (EXIT_FATAL)
 
     def describe(self, name: str, log_path: object, tail: str) -> str:
         last = self.deaths[-1]
+        if self.fatal:
+            said = last.error or next((line for line in reversed(tail.splitlines()) if line.strip()), "")
+            return f"{name} stopped the run (exit code {last.code}):\n    {said.strip()}\n  log: {log_path}"
         if self.crash_loop:
             return (f"{name} died {len(self.deaths)} times in a row with the same error (not restarted again):\n"
                     f"    {last.error}\n  exit code {last.code}; log: {log_path}")
@@ -62,6 +70,8 @@ POLICIES = {"producer": RestartPolicy(5), "learner": RestartPolicy(3), "buffer":
 def decide(deaths: Sequence[Death], policy: RestartPolicy) -> GiveUp | None:
     """None: restart the child; else why not. `deaths` is the child's whole history, oldest first."""
     assert deaths, "decide is called after a death"
+    if deaths[-1].code == EXIT_FATAL:
+        return GiveUp(False, tuple(deaths), fatal=True)
     k = policy.same_error_limit
     recent = deaths[-k:]
     if len(recent) == k and recent[-1].error and all(d.error == recent[-1].error for d in recent):
