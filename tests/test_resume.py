@@ -27,13 +27,10 @@ from pipeline.supervisor.plan import prepare_run_dir
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def groups(tiny):
-    return make_groups(tiny)
+def learner_setup(tmp_path_factory):
+    """A tiny random Llama (learner_worker) and fixed groups of its own log-probs."""
+    model = make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+    return model, make_groups(model)
 
 
 def steps(run: Path) -> list[int]:
@@ -56,7 +53,8 @@ def kill_when(buf: ScriptedBuffer, ready, sig: int = signal.SIGTERM) -> threadin
 # ---------------------------------------------------------------- the learner stops without losing a step
 
 
-def test_learner_stopped_while_waiting_checkpoints_and_resumes_without_gaps(tiny, groups, tmp_path, capsys):
+def test_learner_stopped_while_waiting_checkpoints_and_resumes_without_gaps(learner_setup, tmp_path, capsys):
+    tiny, groups = learner_setup
     buf = ScriptedBuffer([groups, groups])  # two batches, then the learner waits for a third
     kill_when(buf, lambda got: any(isinstance(m, P.BatchRequest) and m.learner_version == 2 for m in got))
     try:
@@ -82,7 +80,8 @@ def test_learner_stopped_while_waiting_checkpoints_and_resumes_without_gaps(tiny
     assert [m.version for m in buf.received if isinstance(m, P.VersionUpdate)] == [2, 3, 4, 5]
 
 
-def test_a_signal_during_a_step_lets_it_finish_and_checkpoint(tiny, groups, tmp_path, monkeypatch):
+def test_a_signal_during_a_step_lets_it_finish_and_checkpoint(learner_setup, tmp_path, monkeypatch):
+    tiny, groups = learner_setup
     train_step = Learner.train_step
 
     def signalled_on_second_step(self, batch_groups):
@@ -109,7 +108,8 @@ def killed_after(metrics: Path, *versions: int) -> None:
         f.write("".join(json.dumps({"step": v, "version": v}) + "\n" for v in versions) + '{"st')
 
 
-def test_resume_drops_rows_past_the_checkpoint(tiny, groups, tmp_path):
+def test_resume_drops_rows_past_the_checkpoint(learner_setup, tmp_path):
+    tiny, groups = learner_setup
     buf = ScriptedBuffer([groups, groups])
     try:
         assert learner_main(_main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "2")) == 0

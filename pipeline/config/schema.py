@@ -289,15 +289,26 @@ class EndpointsConfig(Section):
 
 
 class RunConfig(Section):
-    """The run's name, directory and seed."""
+    """The run's name, directory, seed, and the experiment trackers the learner logs to (pipeline/trackers.py)."""
 
     name: Annotated[str, Meta(description="run directory name under `dir`")] = "tiny"
     dir: Annotated[str, Meta(description="parent directory of run directories")] = "runs"
     seed: Annotated[int, Meta(description="seeds the data order, the scheduler, the engines and the learner")] = 0
     live: Annotated[bool, Meta(description="rich live view when stdout is a terminal")] = True
+    trackers: Annotated[list[Literal["tensorboard", "wandb", "trackio"]], Meta(description=(
+        "experiment trackers that get the config, every metrics.jsonl row, each evaluation per benchmark and "
+        "tables of sample completions (each needs its package: pip install 'reinforce-ada[NAME]'); tensorboard "
+        "writes to run_dir/tensorboard, wandb to run_dir/wandb (WANDB_MODE=offline: no network)"))] = []
+    project: Annotated[str, Meta(description="wandb / trackio project of the run (the run is named run.name)")] = \
+        "reinforce-ada"
+    samples_every: Annotated[int, Meta(ge=0, description=(
+        "learner steps between tables of sample completions in the trackers (0 = none)"))] = 10
+    num_table_samples: Annotated[int, Meta(ge=1, description=(
+        "completions per table: prompt, completion, reward, rounds, version"))] = 8
 
     def check(self) -> None:
         self.require(bool(self.name) and "/" not in self.name, "name", "must be a non-empty name without '/'")
+        self.require(len(set(self.trackers)) == len(self.trackers), "trackers", "names a tracker twice")
 
 
 class EvalConfig(Section):

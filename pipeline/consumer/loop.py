@@ -120,7 +120,7 @@ def run(cfg: Config, connect: str | None = None, resume: bool = False) -> int:
                 metrics.update(learner.publisher.stats())  # weight_*: publishes, broadcasts and their failures
                 metrics.update(batch.metrics)  # already namespaced by the buffer (buffer/*, eval/*, producers/*)
                 metrics["time"] = time.time()
-                runlog.step(metrics)
+                runlog.step(metrics, batch.groups)
                 print(_step_line(metrics, len(batch.groups), lc.batch_prompts), flush=True)
             last_metrics = dict(batch.metrics)
             if lc.checkpoint_every and learner.version % lc.checkpoint_every == 0:
@@ -130,6 +130,7 @@ def run(cfg: Config, connect: str | None = None, resume: bool = False) -> int:
             save_checkpoint(learner, last_metrics)
         if client is not None and learner.version >= lc.num_steps:
             client.send(P.Shutdown("learner finished"))
+            runlog.finish(learner.version, lambda: bool(stop.signum))  # the final evaluation, for the trackers
     finally:
         if client is not None:
             client.close()

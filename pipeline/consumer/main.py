@@ -14,6 +14,7 @@ import logging
 import sys
 
 from pipeline.config import ConfigError, load_config
+from pipeline.trackers import TrackerError, check_trackers
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -36,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         cfg = load_config(args.config, overrides)
-    except ConfigError as exc:
+        check_trackers(cfg.run.trackers)
+    except (ConfigError, TrackerError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     # the loop needs torch and transformers: imported only now that the arguments and the config are good
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return run(cfg, args.connect, args.resume)
-    except (LearnerError, SecurityError) as exc:
+    except (LearnerError, SecurityError, TrackerError) as exc:
         print(f"learner error: {exc}", file=sys.stderr)
         return 1
 

@@ -26,6 +26,7 @@ from pipeline.config import Config, ConfigError, load_config
 from pipeline.supervisor.lifecycle import RunFailed, Watch, buffer_metrics, start_all, stop_run
 from pipeline.supervisor.live import Display, RunState, summarise
 from pipeline.supervisor.plan import RunPlan, check_data_files, checkpoint_version, plan_run, prepare_run_dir
+from pipeline.trackers import TrackerError, check_trackers
 from pipeline.transport import BufferClient
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.toml"
@@ -116,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = parser.parse_known_args(argv)
     try:
         cfg = load_run_config(args, overrides)
-        prepare_run_dir(cfg, resume=bool(args.resume), overwrite=args.overwrite)
         check_data_files(cfg)
-    except ConfigError as exc:
+        check_trackers(cfg.run.trackers)
+        prepare_run_dir(cfg, resume=bool(args.resume), overwrite=args.overwrite)  # last: it may delete a run
+    except (ConfigError, TrackerError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     if args.resume:
