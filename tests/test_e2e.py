@@ -45,6 +45,15 @@ def test_train_end_to_end(tmp_path, tiny_model_dir):
         assert (run / "logs" / f"{name}.log").stat().st_size > 0
     assert "held-out Ave@4" in proc.stdout
     _assert_no_orphans(run)
+    # the run ends by naming its trained model (a Hugging Face export), and `eval --model RUN_DIR` evaluates it
+    export = run / "checkpoints" / f"step_{steps:06d}" / "hf"
+    assert f"trained model (Hugging Face format, loads in transformers and vLLM): {export}" in proc.stdout
+    out = tmp_path / "eval.json"
+    ev = subprocess.run([sys.executable, "-m", "pipeline.cli", "eval", "--model", str(run), "--k", "2", "--limit",
+                         "20", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["model"] == str(export) and result["benchmarks"]["arithmetic"]["problems"] == 20
 
 
 def _logs(run: Path) -> str:
