@@ -1,12 +1,13 @@
-"""Whole-run resume (issue #14 part 4), the fast parts: the run directory check, the learner stopping on a
-signal (checkpoint first, no Shutdown to the buffer), resuming without repeating or skipping a version, and the
-readers of a rewritten metrics.jsonl. The slow test through the real supervisor is in test_resume_e2e.py."""
+"""Whole-run resume (issue #14 part 4): the run directory check, the learner stopping on a signal (checkpoint
+first, no Shutdown to the buffer; under torchrun too), resuming without repeating or skipping a version, and the
+readers of a rewritten metrics.jsonl. The test through the real supervisor is in test_resume_e2e.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -24,6 +25,10 @@ from pipeline.consumer.stopping import Stopped, StopSignals
 from pipeline.jsonl import JsonlTail, keep_rows, read_rows
 from pipeline.supervisor.main import main as train_main
 from pipeline.supervisor.plan import prepare_run_dir
+from pipeline.supervisor.procs import Child
+from pipeline.transport import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +138,44 @@ def test_resume_drops_rows_past_the_checkpoint(learner_setup, tmp_path):
         buf.close()
     assert steps(tmp_path / "r") == [1, 2, 3, 4, 8]
     assert [m.version for m in buf.received if isinstance(m, P.VersionUpdate)] == [7, 8]
+
+
+@pytest.mark.slow
+def test_learner_ranks_under_torchrun_stop_together_and_resume(learner_setup, tmp_path):
+    """The supervisor signals torchrun's ranks themselves (torchrun would kill them 30 s after passing a signal
+    on): rank 0 ends its wait, tells rank 1, and both write the checkpoint before they exit."""
+    tiny, groups = learner_setup
+
+    def torchrun(buf: ScriptedBuffer, *extra: str) -> Child:
+        cmd = [str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2", "--master-port",
+               str(free_port()), "-m", "pipeline.consumer.main", *_main_args(tiny, tmp_path, buf.port, *extra)]
+        child = Child("learner", "learner", cmd, tmp_path, {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+        child.start()
+        return child
+
+    buf = ScriptedBuffer([groups, groups])
+    try:
+        child = torchrun(buf, "--learner.num_steps", "5", "--learner.checkpoint_every", "0")
+        end = time.monotonic() + 120
+        while not any(isinstance(m, P.BatchRequest) and m.learner_version == 2 for m in buf.received):
+            assert child.poll() is None and time.monotonic() < end, child.tail()
+            time.sleep(0.1)
+        assert child.signal_children(signal.SIGTERM)
+        child.proc.wait(120)
+    finally:
+        buf.close()
+        child.kill_group()
+    assert (tmp_path / "r" / "checkpoints" / "latest").read_text() == "step_000002", child.tail()
+    assert steps(tmp_path / "r") == [1, 2]
+    assert "stopped by SIGTERM at version 2: checkpointing" in child.log_path.read_text()  # rank 0 says so
+    buf = ScriptedBuffer([groups] * 2, version=2)
+    try:
+        child = torchrun(buf, "--learner.num_steps", "4", "--resume")
+        assert child.proc.wait(120) == 0, child.tail()
+    finally:
+        buf.close()
+        child.kill_group()
+    assert steps(tmp_path / "r") == [1, 2, 3, 4]
 
 
 def test_stop_signals_interrupt_only_a_wait_and_give_the_second_signal_back():

@@ -87,7 +87,9 @@ def stop_run(plan: RunPlan, forced: Callable[[], bool], learner_stop_s: float = 
     """Stop every child so that no trained step is lost (see the module docstring); `forced()` turning true (a
     second Ctrl-C) ends the wait for the learner at once."""
     learner = plan.learner
-    for child in [learner, *plan.producers]:
+    if not (plan.cfg.learner.num_ranks > 1 and learner.signal_children(signal.SIGTERM)):  # torchrun: its ranks
+        learner.signal(signal.SIGTERM)
+    for child in plan.producers:
         child.signal(signal.SIGTERM)
     end, said = time.monotonic() + learner_stop_s, False
     while learner.poll() is None and time.monotonic() < end and not forced():

@@ -2,9 +2,10 @@
 run, and stop everything cleanly.
 
 The run goes through named stages: plan (`plan.py`: run directory, commands, ports), start and wait until ready,
-watch and restart, stop (`lifecycle.py`, deciding restarts with `restarts.py`), and summarise (`live.py`). Policy: a producer that dies is restarted; a learner or buffer that dies is restarted with
---resume; a process that dies too often, or `restarts.SAME_ERROR_LIMIT` times in a row with the same error, ends
-the run with exit code 1 and the cause. The learner finishing (exit 0) ends the run; Ctrl-C stops everything
+watch and restart, stop (`lifecycle.py`, deciding restarts with `restarts.py`), and summarise (`live.py`).
+Policy: a producer that dies is restarted; a learner or buffer that dies is restarted with --resume; a process
+that dies too often, or `restarts.SAME_ERROR_LIMIT` times in a row with the same error, ends the run with exit
+code 1 and the cause. The learner finishing (exit 0) ends the run; Ctrl-C stops everything
 (exit code 130), the learner checkpointing first. No child outlives the supervisor.
 
 A run directory holds one run: `--resume RUN_DIR` continues a stopped run from its latest checkpoint and buffer

@@ -16,6 +16,8 @@ import time
 from collections import deque
 from pathlib import Path
 
+import psutil
+
 from pipeline.supervisor.restarts import Death
 
 START_MARK = b"\n==== "  # begins the line each start writes to the log (see Child.start)
@@ -77,6 +79,22 @@ class Child:
                 os.kill(self.proc.pid, sig)
             except ProcessLookupError:
                 pass
+
+    def signal_children(self, sig: int) -> bool:
+        """Signal the leader's own children instead of the leader (torchrun's ranks: torchrun would give them only
+        30 s before killing them, too little to checkpoint a large model); False when it has none."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        try:
+            children = psutil.Process(self.proc.pid).children()
+        except psutil.Error:
+            return False
+        for child in children:
+            try:
+                child.send_signal(sig)
+            except psutil.Error:
+                pass
+        return bool(children)
 
     def kill_group(self) -> None:
         """SIGKILL everything left in the child's process group (also after the leader died: orphaned engines)."""
