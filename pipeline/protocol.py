@@ -82,7 +82,8 @@ class RoundAssignment(_Msg):
 
 
 class WeightAnnouncement(_Msg):
-    """Where version `version` of the weights lies: a safetensors file path (same machine) or a tcp:// URL."""
+    """Where version `version` of the weights lies, per weights.transport (pipeline/weights/uris.py): a safetensors
+    file in the run's weights directory, or dist://HOST:PORT/vN (the learner's rendezvous store)."""
 
     version: int
     uri: str

@@ -157,6 +157,14 @@ def test_producer_refuses_counts_and_retries_weights():
 # ---------------------------------------------------------------- dist: the publisher and member processes
 
 
+def test_dist_publisher_names_an_address_it_cannot_listen_on():
+    from pipeline.weights.dist import DistPublisher
+
+    cfg = load_config(None, ["--weights.transport", "dist", "--weights.dist_host", "192.0.2.1"])  # TEST-NET-1
+    with pytest.raises(ValueError, match="dist_host must be an address of the learner"):
+        DistPublisher(cfg.weights)
+
+
 class Member:
     """A member process (tests/support/weight_member.py) driven line by line."""
 

@@ -74,8 +74,13 @@ class DistPublisher:
         self.device = device if self.backend == "nccl" else None
         self.session = secrets.token_hex(4)  # tells this process's groups from those of a learner before a restart
         # bind the store to dist_host only (TCPStore itself would listen on every interface)
-        self._sock = socket.create_server((self.host.strip("[]"), wc.dist_port), reuse_port=False,
-                                          family=socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        try:
+            self._sock = socket.create_server((self.host.strip("[]"), wc.dist_port),
+                                              family=socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        except OSError as exc:
+            raise ValueError(f"weights.dist_host / dist_port: cannot listen on {self.host}:{wc.dist_port} ({exc}); "
+                             "dist_host must be an address of the learner rank 0's machine that producers reach, "
+                             "and dist_port a free port (or 0)") from exc
         self.port = self._sock.getsockname()[1]
         self.store = TCPStore(self.host.strip("[]"), self.port, is_master=True, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=self.timeout_s),
