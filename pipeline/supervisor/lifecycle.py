@@ -92,7 +92,7 @@ def stop_run(plan: RunPlan, forced: Callable[[], bool], learner_stop_s: float = 
     for child in plan.producers:
         child.signal(signal.SIGTERM)
     end, said = time.monotonic() + learner_stop_s, False
-    while learner.poll() is None and time.monotonic() < end and not forced():
+    while learner.pid is not None and learner.poll() is None and time.monotonic() < end and not forced():
         if not said and time.monotonic() > end - learner_stop_s + 2.0:
             print(f"stopping: the learner finishes its step and saves a checkpoint (up to {learner_stop_s:.0f} s; "
                   "Ctrl-C again kills it, losing the steps since its last checkpoint)", flush=True)
