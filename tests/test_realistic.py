@@ -109,3 +109,61 @@ def test_engine_on_long_prompts_matches_the_learner_and_reloads_tied_weights(rea
     check(before, reference)
     check(after, model)
     assert all(c.version == 1 for o in after for c in o.completions)
+
+
+def _verl_parquet(path: Path, problems: Path, with_aliases: bool) -> Path:
+    """The problems in the official Reinforce-Ada / verl format: `prompt` as chat messages, the gold answer under
+    `reward_model.ground_truth`. The ground truth here is never the answer: only `extra_info.aliases` (reward
+    extras) holds it, so the reward fires only if the extras reach the producers' reward function."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.data import INSTRUCTION
+
+    rows = [json.loads(line) for line in problems.read_text().splitlines()]
+    table = pa.Table.from_pylist([
+        {"data_source": "addition", "prompt": [{"role": "user", "content": f"{r['problem']}\n{INSTRUCTION}"}],
+         "reward_model": {"style": "rule", "ground_truth": "no such answer"},
+         "extra_info": {"index": i, "aliases": [r["answer"]] if with_aliases else []}} for i, r in enumerate(rows)])
+    pq.write_table(table, path)
+    return path
+
+
+def _train(tmp_path, model_dir, data: Path, name: str, *extra: str):
+    return _cli("train", "--config", str(REPO / "configs" / "tiny.toml"), "--model.path", str(model_dir),
+                "--data.train_files", json.dumps([str(data)]), "--data.extra_keys", '["extra_info.aliases"]',
+                "--reward.fn", "pipeline.rewards.match:exact_match", "--sampling.max_new_tokens", "24",
+                "--producers.engine.max_model_len", "1024", "--learner.batch_prompts", "8",
+                "--learner.mini_batches", "1", "--learner.eval_every", "0", "--learner.checkpoint_every", "0",
+                "--run.dir", str(tmp_path), "--run.name", name, "--endpoints.router_port", "0", *extra, timeout=900)
+
+
+def test_train_takes_steps_and_a_reward_that_never_fires_stops_the_run(realistic_model_dir, problems, tmp_path):
+    """The issue's scenario on a model of realistic shape, with a verl-format parquet and a custom reward whose
+    extras travel with every round: the learner takes its steps; without the extras the reward never fires, and
+    the run ends with that cause instead of waiting in silence."""
+    good = _train(tmp_path, realistic_model_dir, _verl_parquet(tmp_path / "good.parquet", problems, True), "good",
+                  "--learner.num_steps", "2")
+    run = tmp_path / "good"
+    logs = "".join(p.read_text(errors="replace")[-3000:] for p in sorted((run / "logs").glob("*.log")))
+    assert good.returncode == 0, good.stdout[-3000:] + good.stderr[-3000:] + logs
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["num_groups"] == 8 for r in rows)
+    assert all(0 < r["reward_mean"] < 1 and r["prompt_len_mean"] > 50 for r in rows)
+
+    bad = _train(tmp_path, realistic_model_dir, _verl_parquet(tmp_path / "bad.parquet", problems, False), "bad",
+                 "--learner.num_steps", "50", "--producers.count", "1", "--buffer.stop_without_signal", "256")
+    assert bad.returncode != 0
+    assert "buffer stopped the run" in bad.stderr and "reward never fired" in bad.stderr, bad.stderr[-3000:]
+    buffer_log = (tmp_path / "bad" / "logs" / "buffer.log").read_text()
+    assert "stopping the run: the reward never fired" in buffer_log and "check the answer format" in buffer_log
+
+
+def test_prompts_longer_than_the_context_stop_the_run_at_start(tmp_path):
+    """MATH500 on the tiny model (max_model_len 64): the run stops before any engine starts, saying why."""
+    math500 = REPO.parent / "shared" / "data" / "benchmarks" / "math500.jsonl"
+    proc = _cli("train", "--config", str(REPO / "configs" / "tiny.toml"), "--data.train_files",
+                json.dumps([str(math500)]), "--run.dir", str(tmp_path), "--endpoints.router_port", "0", timeout=300)
+    assert proc.returncode != 0
+    assert "do not fit" in proc.stderr and "max_model_len (64)" in proc.stderr, proc.stderr[-2000:]
+    assert not list((tmp_path / "tiny" / "logs").glob("producer-*.log"))  # no engine was started
