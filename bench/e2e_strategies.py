@@ -34,6 +34,10 @@ STRATEGY_ROWS = (
              "pos + drop: rounds of M = 8 until one positive (N = 4 rounds at most), no-signal pools dropped", 0.9),
     Strategy("ada-balance", "Ada-balance", ("--sampling.exit_rule", "balance", "--buffer.unresolved", "drop"),
              "balance + drop: rounds of M = 8 until 2 positives and 2 negatives, no-signal pools dropped", 1.1),
+    Strategy("ada-balance-mincost", "Ada-balance + min_cost",
+             ("--sampling.exit_rule", "balance", "--buffer.unresolved", "drop", "--sampling.allocation", "min_cost"),
+             "balance + drop with the min_cost allocation: each round sized from the prompt's pass-rate posterior, "
+             "low-yield examples deferred (sampling.yield_floor)", 1.1),
     Strategy("ada-pos-keep", "Ada-pos (keep)", ("--sampling.exit_rule", "pos", "--buffer.unresolved", "keep"),
              "pos + keep: the reference's handling of unresolved prompts", 0.9),
     Strategy("ada-balance-keep", "Ada-balance (keep)",
@@ -43,7 +47,7 @@ STRATEGY_ROWS = (
              "fixed + drop: DAPO-style filtering of zero-variance groups (not GRPO)", 0.5),
 )
 STRATEGIES = {s.name: s for s in STRATEGY_ROWS}
-DEFAULT_STRATEGIES = ("grpo", "ada-pos", "ada-balance")
+DEFAULT_STRATEGIES = ("grpo", "ada-pos", "ada-balance", "ada-balance-mincost")
 
 
 def parse_strategy(text: str) -> Strategy:
