@@ -154,6 +154,34 @@ def test_producer_refuses_counts_and_retries_weights():
     asyncio.run(scenario())
 
 
+def test_a_failing_announcement_repeated_in_every_reply_is_tried_once_per_retry_interval():
+    """A buffer names a stale producer's missing weights in every reply; the producer must not retry (and log) on
+    each of them, a tight loop that wrote 43,000 log lines in 2 minutes."""
+    async def scenario():
+        engine, client = FakeEngine(), FakeClient()
+        cfg = load_config(None, ["--weights.dir", "/dev/shm/w"])
+        from pipeline.producer.worker import Producer
+
+        prod = Producer(cfg, client, engine, FakePool(), "p0", heartbeat_s=0.05)
+        attempts = []
+
+        async def missing(path, version):
+            attempts.append(version)
+            raise FileNotFoundError(path)
+
+        engine.load_weights = missing
+        task = asyncio.create_task(prod.run())
+        w = P.WeightAnnouncement(1, "/dev/shm/w/v000001.safetensors", 1)
+        for _ in range(20):
+            await client.replies.put(P.Assignments([], 1, w))
+            await asyncio.sleep(0.02)
+        assert attempts == [1]  # once, then its retry waits RETRY_S
+        prod.stop("test")
+        assert await asyncio.wait_for(task, 5) == 0
+
+    asyncio.run(scenario())
+
+
 # ---------------------------------------------------------------- dist: the publisher and member processes
 
 

@@ -69,6 +69,7 @@ class Producer:
         self._pending_weights: P.WeightAnnouncement | None = None
         self._weights_ready = asyncio.Event()
         self._load_lock = asyncio.Lock()
+        self._load_failed: tuple[int, float] | None = None  # (version, monotonic time) of the last failed load
         self.loader = make_loader(cfg, engine, producer_id)  # weights.transport: file or dist
         self.learner_version = 0
         self.stats = ProducerStats()
@@ -309,6 +310,9 @@ class Producer:
         async with self._load_lock:
             if w.version <= self.engine.version:
                 return
+            failed = self._load_failed
+            if failed is not None and failed[0] == w.version and time.monotonic() < failed[1] + RETRY_S:
+                return  # it failed a moment ago (e.g. the buffer names it in every reply): its retry is scheduled
             problem = uri_problem(w, self.cfg) or version_problem(w, self.learner_version)
             if problem:
                 self.counts["weight_load_refused"] += 1
@@ -321,6 +325,7 @@ class Producer:
                     self.stop(f"the engine died loading weights: {exc!r}", grace_s=0.0, exit_code=1)
                     return
                 self.counts["weight_load_errors"] += 1
+                self._load_failed = (w.version, time.monotonic())
                 log.error("could not load weights version %d from %s: %s; trying again in %.0f s", w.version,
                           w.uri, exc, RETRY_S)
                 asyncio.get_running_loop().call_later(RETRY_S, self._retry_weights, w)
