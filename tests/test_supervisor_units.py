@@ -180,3 +180,26 @@ def test_plots_single_and_overlay(tmp_path):
         (run / "eval.jsonl").write_text(json.dumps({"version": 0, "accuracy": acc}) + "\n")
     files = plot_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "out")
     assert len(files) == 5 and all(f.stat().st_size > 5000 for f in files)
+
+
+def test_train_refuses_a_reward_it_cannot_load_before_starting_anything(tmp_path, capsys):
+    from pipeline.supervisor.main import main
+
+    assert main(["--reward.fn", "no_such_module:score", "--run.dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "reward.fn" in err and "no_such_module" in err
+    assert not (tmp_path / "tiny" / "logs").exists()  # no process was started
+
+
+def test_every_process_logs_at_run_log_level(tmp_path):
+    from pipeline import logs
+
+    cfg = load_config(None, ["--run.log_level", "WARNING"])
+    logs.setup(cfg.run.log_level)
+    import logging
+
+    assert logging.getLogger().level == logging.WARNING
+    logs.setup("INFO")
+    assert logging.getLogger().level == logging.INFO
+    with pytest.raises(ConfigError, match="run.log_level"):
+        load_config(None, ["--run.log_level", "LOUD"])

@@ -15,6 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
+from pipeline import logs
 from pipeline.buffer.service import BufferService
 from pipeline.buffer.snapshot import SNAPSHOT_EVERY
 from pipeline.config import ConfigError, load_config
@@ -54,11 +55,12 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"write the snapshot after every N-th learner version (0 = never; default "
                              f"{SNAPSHOT_EVERY})")
     args, overrides = parser.parse_known_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s buffer %(levelname)s %(message)s")
+    logs.setup()
     try:
         if args.snapshot_every < 0:
             raise ValueError(f"--snapshot-every must be >= 0 (0 = never), got {args.snapshot_every}")
         cfg = load_config(args.config, overrides)
+        logs.setup(cfg.run.log_level)
         check_bind(cfg.endpoints.host, cfg.endpoints.keys_dir)  # before any slow loading: refuse at once
         model_dir = args.model or resolve_model_path(cfg, build=prompt_template(cfg) == "auto")
         vocab_size = read_vocab_size(model_dir)

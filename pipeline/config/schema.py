@@ -295,6 +295,8 @@ class RunConfig(Section):
     dir: Annotated[str, Meta(description="parent directory of run directories")] = "runs"
     seed: Annotated[int, Meta(description="seeds the data order, the scheduler, the engines and the learner")] = 0
     live: Annotated[bool, Meta(description="rich live view when stdout is a terminal")] = True
+    log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], Meta(description=(
+        "log level of every process of the run: buffer, producers and learner"))] = "INFO"
     trackers: Annotated[list[Literal["tensorboard", "wandb", "trackio"]], Meta(description=(
         "experiment trackers that get the config, every metrics.jsonl row, each evaluation per benchmark and "
         "tables of sample completions (each needs its package: pip install 'reinforce-ada[NAME]'); tensorboard "

@@ -10,9 +10,9 @@ when it runs, so `--help` and config errors answer at once. The loop is in loop.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
+from pipeline import logs
 from pipeline.config import ConfigError, load_config
 from pipeline.trackers import TrackerError, check_trackers
 
@@ -34,9 +34,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `reinforce-ada learner`."""
     args, overrides = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.setup()
     try:
         cfg = load_config(args.config, overrides)
+        logs.setup(cfg.run.log_level)
         check_trackers(cfg.run.trackers)
     except (ConfigError, TrackerError) as exc:
         print(f"config error: {exc}", file=sys.stderr)

@@ -9,10 +9,11 @@ torch) load only once the arguments and the config are valid, so `--help` and co
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import socket
 import sys
+
+from pipeline import logs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model directory (default: model.path; 'tiny' builds the tiny model in .cache/)")
     p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
                    help="on SIGTERM, how long running rounds may take to finish before they are aborted")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="overrides run.log_level for this producer")
     return p
 
 
@@ -40,9 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.transport import parse_connect
 
     args, overrides = build_parser().parse_known_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.setup(args.log_level or "INFO")
     try:
         cfg = load_config(args.config, overrides)
+        logs.setup(args.log_level or cfg.run.log_level)
         router_url, control_url = parse_connect(args.connect, args.control_port or None)
         if args.grace < 0:
             raise ValueError(f"--grace must be >= 0 seconds, got {args.grace}")

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from pipeline.config import Config, ConfigError, load_config
+from pipeline.rewards.base import check_reward_config
 from pipeline.supervisor.lifecycle import RunFailed, Watch, buffer_metrics, start_all, stop_run
 from pipeline.supervisor.live import Display, RunState, summarise
 from pipeline.supervisor.plan import RunPlan, check_data_files, checkpoint_version, plan_run, prepare_run_dir
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_run_config(args, overrides)
         check_data_files(cfg)
         check_trackers(cfg.run.trackers)
+        check_reward_config(cfg)  # a reward.fn that cannot load fails here once, not in every producer
         prepare_run_dir(cfg, resume=bool(args.resume), overwrite=args.overwrite)  # last: it may delete a run
     except (ConfigError, TrackerError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
