@@ -14,7 +14,8 @@ from pathlib import Path
 PANELS = [
     ("reward.png", "training reward (pass rate of the samples generated per step)", "reward",
      [("buffer/positive_rate_step", " all samples generated"), ("reward_mean", " trained groups (balanced)")], "steps"),
-    ("accuracy.png", "held-out accuracy (Ave@k, T = 1.0)", "accuracy", [("accuracy", "")], "eval"),
+    ("accuracy.png", "held-out accuracy per benchmark (Ave@k solid, pass@k dashed; T = 1.0)", "accuracy",
+     [("accuracy", "")], "eval"),
     ("samples_per_group.png", "samples generated per released group", "samples",
      [("buffer/samples_per_released_group", "")], "steps"),
     ("staleness.png", "staleness of trained samples (learner version - sample version)", "versions",
@@ -35,6 +36,21 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def eval_curves(rows: list[dict]) -> list[tuple[str, list[tuple[int, float]], str]]:
+    """(legend suffix, (version, value) points, line style) of each benchmark's Ave@k and pass@k in eval.jsonl
+    rows, and of the size-weighted Ave@k over all benchmarks when there are several (older rows: that alone)."""
+    names = sorted({name for r in rows for name in r.get("benchmarks", {})})
+    curves = []
+    for name in names:
+        for key, style in (("ave_at_k", "-"), ("pass_at_k", "--")):
+            pts = [(r["version"], r["benchmarks"][name][key]) for r in rows
+                   if key in r.get("benchmarks", {}).get(name, {})]
+            curves.append((f" {name} {'Ave' if key == 'ave_at_k' else 'pass'}@k", pts, style))
+    if len(names) != 1:
+        curves.append((" all (Ave@k)", [(r["version"], r["accuracy"]) for r in rows if "accuracy" in r], "-"))
+    return curves
+
+
 def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
     """Draw every panel for the runs (overlaid when several) into `out_dir`; returns the files written."""
     import matplotlib
@@ -51,11 +67,12 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         for run, (steps, evals) in data.items():
             rows = steps if source == "steps" else evals
             xkey = "step" if source == "steps" else "version"
-            for key, suffix in series:
-                pts = [(r[xkey], r[key]) for r in rows if key in r and xkey in r]
+            curves = eval_curves(rows) if source == "eval" else [
+                (suffix, [(r[xkey], r[key]) for r in rows if key in r and xkey in r], "-") for key, suffix in series]
+            for suffix, pts, style in curves:
                 if pts:
                     xs, ys = zip(*pts)
-                    ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, ms=3, label=f"{run.name}{suffix}")
+                    ax.plot(xs, ys, style, marker="o" if len(pts) < 30 else None, ms=3, label=f"{run.name}{suffix}")
                     drawn = True
         ax.set_title(title)
         ax.set_xlabel("learner step (= weight version)")

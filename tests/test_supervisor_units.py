@@ -203,3 +203,38 @@ def test_every_process_logs_at_run_log_level(tmp_path):
     assert logging.getLogger().level == logging.INFO
     with pytest.raises(ConfigError, match="run.log_level"):
         load_config(None, ["--run.log_level", "LOUD"])
+
+
+def _eval_row(version, math, amc):
+    return {"version": version, "accuracy": (100 * math + 40 * amc) / 140, "k": 4, "problems": 140,
+            "benchmarks": {"math500": {"problems": 100, "ave_at_k": math, "pass_at_k": min(1.0, 2 * math)},
+                           "amc23": {"problems": 40, "ave_at_k": amc, "pass_at_k": min(1.0, 2 * amc)}}}
+
+
+def test_evaluations_show_one_curve_per_benchmark(tmp_path, capsys):
+    from rich.console import Console
+
+    from pipeline.plots import eval_curves
+    from pipeline.supervisor.live import summarise
+
+    rows = [_eval_row(0, 0.30, 0.10), _eval_row(10, 0.35, 0.125), _eval_row(20, 0.40, 0.15)]
+    curves = {label: pts for label, pts, _ in eval_curves(rows)}
+    assert curves[" math500 Ave@k"] == [(0, 0.30), (10, 0.35), (20, 0.40)]
+    assert curves[" amc23 pass@k"] == [(0, 0.2), (10, 0.25), (20, 0.3)]
+    assert " all (Ave@k)" in curves  # several benchmarks: the weighted curve too
+    state = RunState("tiny", 20)
+    state.evals = rows
+    console = Console(record=True, width=120)
+    console.print(render(state))
+    text = console.export_text()
+    assert "amc23 Ave / pass@k" in text and "0.150 / 0.300" in text
+    Display(state, tty=False).eval(rows[-1])
+    assert "math500 Ave 0.400 pass 0.800" in capsys.readouterr().out
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    state.evals = [rows[0], rows[2], rows[1]]  # read in another order: the summary quotes the latest version
+    summarise(state, run, 60.0)
+    out = capsys.readouterr().out
+    assert "0.243 at version 0 -> 0.329 at version 20 | math500 Ave 0.400" in out
+    assert (run / "plots" / "accuracy.png").is_file()

@@ -104,6 +104,12 @@ def render(state: RunState) -> Any:
     accs = [e["accuracy"] for e in state.evals]
     learner.add_row("sample pass rate", f"{rewards[-1]:.3f}" if rewards else "-", sparkline(rewards, lo=0, hi=1))
     learner.add_row("held-out Ave@k", f"{accs[-1]:.3f}" if accs else "-", sparkline(accs, lo=0, hi=1))
+    benches = state.evals[-1].get("benchmarks", {}) if state.evals else {}
+    if len(benches) > 1:
+        for name in benches:
+            curve = [e["benchmarks"][name]["ave_at_k"] for e in state.evals if name in e.get("benchmarks", {})]
+            learner.add_row(f"  {name} Ave / pass@k", f"{benches[name]['ave_at_k']:.3f} / "
+                            f"{benches[name]['pass_at_k']:.3f}", sparkline(curve, lo=0, hi=1))
     learner.add_row("loss", f"{step.get('loss', float('nan')):+.4f}", "")
     learner.add_row("staleness max", f"{step.get('staleness_max', 0):.0f}", "")
     learner.add_row("step time", f"{step.get('step_seconds', 0):.1f} s",
@@ -158,7 +164,7 @@ class Display:
         self.state.evals.append(row)
         if not self.tty:
             print(f"eval | version {row['version']} | Ave@{row['k']} {row['accuracy']:.3f} over {row['problems']} "
-                  "problems", flush=True)
+                  f"problems{per_benchmark(row)}", flush=True)
 
     def event(self, text: str) -> None:
         """Something a person should see at once (a restart)."""
@@ -179,12 +185,21 @@ class Display:
             self.live = None
 
 
+def per_benchmark(row: dict) -> str:
+    """" | math500 Ave 0.41 pass 0.62 | ..." for an eval.jsonl row with several benchmarks ("" with one)."""
+    benches = row.get("benchmarks", {})
+    if len(benches) < 2:
+        return ""
+    return "".join(f" | {name} Ave {b['ave_at_k']:.3f} pass {b['pass_at_k']:.3f}" for name, b in benches.items())
+
+
 def summarise(state: RunState, run_dir: Path, wall_s: float) -> None:
-    """The closing lines: held-out accuracy first -> last, steps and time, and the plots drawn."""
+    """The closing lines: held-out accuracy at the first and the latest version (eval.jsonl is in version order),
+    per benchmark when there are several, steps and time, the exported model and the plots drawn."""
     if state.evals:
-        first, last = state.evals[0], state.evals[-1]
+        first, last = min(state.evals, key=lambda e: e["version"]), max(state.evals, key=lambda e: e["version"])
         print(f"held-out Ave@{first['k']}: {first['accuracy']:.3f} at version {first['version']} -> "
-              f"{last['accuracy']:.3f} at version {last['version']}")
+              f"{last['accuracy']:.3f} at version {last['version']}{per_benchmark(last)}")
     print(f"{len(state.steps)} learner steps in {wall_s / 60:.1f} min; run directory {run_dir}")
     ckpt = latest_checkpoint(run_dir / "checkpoints")
     if ckpt is not None and (ckpt / HF_DIR / "config.json").is_file():
