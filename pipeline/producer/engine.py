@@ -147,7 +147,6 @@ class Engine:
         self.version = 0  # weight version the engine holds now
         self.last_load_seconds = 0.0
         self._rounds: dict[int, _Round] = {}
-        self._load_lock = asyncio.Lock()
         self.weights_incomplete = False  # a dist transfer broke midway: paused until a full load
         self.on_sample_done: Callable[[], None] | None = None  # called when a sequence slot frees up
 
@@ -304,13 +303,13 @@ class Engine:
     async def load_weights(self, path: str | os.PathLike, version: int) -> float:
         """Load the safetensors file `path` in place as weight `version`; returns the seconds it took.
 
-        Loads run one at a time. Requests submitted while a load runs carry the old version (they may
-        produce tokens with either weights: the older label is the safe one).
+        The caller runs loads one at a time (the producer's worker holds its load lock around the version check
+        and the load). Requests submitted while a load runs carry the old version (they may produce tokens with
+        either weights: the older label is the safe one).
         """
-        async with self._load_lock:
-            start = time.perf_counter()
-            await self.llm.collective_rpc("reload_from_file", args=(str(path),))
-            return await self._loaded(version, start)
+        start = time.perf_counter()
+        await self.llm.collective_rpc("reload_from_file", args=(str(path),))
+        return await self._loaded(version, start)
 
     async def receive_weights(self, plan: Any) -> float:
         """Receive weight version `plan.version` from the learner's broadcast (the dist transport, a
@@ -320,26 +319,25 @@ class Engine:
         a tensor reached the model, the engine stays paused (`weights_incomplete`): it generates again only once
         a complete version is in, so no token ever comes from a mix of two versions.
         """
-        async with self._load_lock:
-            start = time.perf_counter()
-            await self.llm.pause_generation(mode="keep", clear_cache=False)
-            try:
-                results = await self.llm.collective_rpc("receive_weights", args=(plan.encode(),))
-            except Exception:
-                self.weights_incomplete = True  # the workers may have loaded part of it
-                raise
-            failed = [r for r in results if not r["ok"]]
-            if failed:
-                self.weights_incomplete = self.weights_incomplete or any(r["touched"] for r in results)
-                if not self.weights_incomplete:
-                    await self.llm.resume_generation()
-                raise RuntimeError(f"receiving weights version {plan.version}: {failed[0]['error']}"
-                                   + (" (the engine stays paused until a complete version is in)"
-                                      if self.weights_incomplete else ""))
-            seconds = await self._loaded(plan.version, start)
-            self.weights_incomplete = False
-            await self.llm.resume_generation()
-            return seconds
+        start = time.perf_counter()
+        await self.llm.pause_generation(mode="keep", clear_cache=False)
+        try:
+            results = await self.llm.collective_rpc("receive_weights", args=(plan.encode(),))
+        except Exception:
+            self.weights_incomplete = True  # the workers may have loaded part of it
+            raise
+        failed = [r for r in results if not r["ok"]]
+        if failed:
+            self.weights_incomplete = self.weights_incomplete or any(r["touched"] for r in results)
+            if not self.weights_incomplete:
+                await self.llm.resume_generation()
+            raise RuntimeError(f"receiving weights version {plan.version}: {failed[0]['error']}"
+                               + (" (the engine stays paused until a complete version is in)"
+                                  if self.weights_incomplete else ""))
+        seconds = await self._loaded(plan.version, start)
+        self.weights_incomplete = False
+        await self.llm.resume_generation()
+        return seconds
 
     async def _loaded(self, version: int, start: float) -> float:
         # Old-weight KV must not be reused: clear the prefix cache, and preempt running sequences so

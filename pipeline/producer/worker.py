@@ -38,6 +38,7 @@ import numpy as np
 from pipeline import protocol as P
 from pipeline.config import Config
 from pipeline.producer.outbox import Outbox
+from pipeline.producer.ports import BufferLink, RoundEngine, Scorer
 from pipeline.producer.stats import ProducerStats
 from pipeline.weights import make_loader, uri_problem, version_problem
 
@@ -51,7 +52,7 @@ RETRY_S = 2.0  # a failed weight load is tried again after this long (unless new
 class Producer:
     """The producer's state and loops; `run_producer` builds one and runs it."""
 
-    def __init__(self, cfg: Config, client: Any, engine: Any, pool: Any, producer_id: str,
+    def __init__(self, cfg: Config, client: BufferLink, engine: RoundEngine, pool: Scorer, producer_id: str,
                  grace_s: float = 10.0, request_timeout_s: float = 5.0, heartbeat_s: float = 1.0) -> None:
         self.cfg, self.client, self.engine, self.pool = cfg, client, engine, pool
         self.id = producer_id
@@ -68,7 +69,7 @@ class Producer:
         self._outbox_ready = asyncio.Event()
         self._pending_weights: P.WeightAnnouncement | None = None
         self._weights_ready = asyncio.Event()
-        self._load_lock = asyncio.Lock()
+        self._load_lock = asyncio.Lock()  # the one load lock: a version check and its load are one step
         self._load_failed: tuple[int, float] | None = None  # (version, monotonic time) of the last failed load
         self.loader = make_loader(cfg, engine, producer_id)  # weights.transport: file or dist
         self.learner_version = 0
