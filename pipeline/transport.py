@@ -15,9 +15,14 @@ with it its leases. Nothing on the wire is unpickled (see protocol.py).
 
 Reconnection: clients connect (the buffer binds), so a restarted buffer on the same ports is found again by
 ZeroMQ's reconnect; messages sent while it was down wait in the client's queue and are delivered after it returns
-(requests whose replies were lost must be re-sent by the caller after a timeout). ZMTP heartbeats on every socket
-drop a connection whose peer vanished without closing it (a dead machine, a cut cable) within
-HEARTBEAT_TIMEOUT_MS, so the reconnect starts then instead of when TCP gives up (minutes).
+(requests whose replies were lost must be re-sent by the caller after a timeout). TCP keepalive probes and a bound
+on retransmission time on every socket drop a connection whose peer vanished without closing it (a dead machine, a
+cut cable) within about DEAD_PEER_S, so the reconnect starts then instead of when TCP gives up (minutes).
+
+Why not ZMTP heartbeats: with them, libzmq 4.3.5 aborts the whole process ("Assertion failed: !_io_error
+(stream_engine_base.cpp:310)") when its peer goes away while the connection's receive queue is full, e.g. a client
+that reads its control channel only between long learner steps, or not at all, once the buffer exits. The kernel's
+keepalive has no such timer inside libzmq (tests/test_transport_keepalive.py reproduces the abort).
 """
 
 from __future__ import annotations
@@ -58,8 +63,11 @@ __all__ = ["AsyncBufferClient", "BufferClient", "SecurityError", "ServerSecurity
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_IVL_MS = 1000  # ZMTP ping interval on every socket
-HEARTBEAT_TIMEOUT_MS = 10_000  # no traffic (pongs included) for this long: the connection is dropped and re-made
+KEEPALIVE_IDLE_S = 5  # an idle connection is probed after this long
+KEEPALIVE_INTVL_S = 2  # then every this long
+KEEPALIVE_CNT = 3  # and dropped (and re-made) after this many unanswered probes
+MAXRT_MS = 10_000  # a connection whose sent data stays unacknowledged this long is dropped too
+DEAD_PEER_S = KEEPALIVE_IDLE_S + KEEPALIVE_INTVL_S * KEEPALIVE_CNT
 # refusals after which ZeroMQ stops reconnecting (EVENT_HANDSHAKE_FAILED_NO_DETAIL is left out: it also comes
 # from a connection cut mid-handshake, e.g. by a buffer restart, and from a wrong server key, and ZeroMQ retries)
 _HANDSHAKE_FAILURES = {
@@ -162,11 +170,13 @@ def parse_connect(spec: str, control_port: int | None = None) -> tuple[str, str]
     return f"tcp://{host}:{port}", f"tcp://{host}:{cport}"
 
 
-def apply_heartbeats(sock: zmq.Socket) -> None:
-    """ZMTP heartbeats: detect a peer that vanished without closing the connection (see the module docstring)."""
-    sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-    sock.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
+def apply_keepalive(sock: zmq.Socket) -> None:
+    """Detect a peer that vanished without closing the connection, in the kernel (see the module docstring)."""
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, KEEPALIVE_IDLE_S)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, KEEPALIVE_INTVL_S)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, KEEPALIVE_CNT)
+    sock.setsockopt(zmq.TCP_MAXRT, MAXRT_MS)
 
 
 def _setup_dealer(router: zmq.Socket, identity: str, keys_dir: str, role: str = PRODUCER,
@@ -179,7 +189,7 @@ def _setup_dealer(router: zmq.Socket, identity: str, keys_dir: str, role: str = 
     router.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
     # a restarted buffer must not receive a flood of requests queued while it was down
     router.setsockopt(zmq.SNDHWM, 10_000)
-    apply_heartbeats(router)
+    apply_keepalive(router)
     apply_client_keys(router, keys_dir, role)
 
 
@@ -190,7 +200,7 @@ def _setup_client(router: zmq.Socket, control: zmq.Socket, identity: str, keys_d
     control.setsockopt(zmq.SUBSCRIBE, b"")
     control.setsockopt(zmq.RECONNECT_IVL, 100)
     control.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-    apply_heartbeats(control)
+    apply_keepalive(control)
     apply_client_keys(control, keys_dir, role)
 
 
@@ -230,21 +240,26 @@ class BufferClient:
     refuses its keys (see `_HandshakeWatch`); otherwise a buffer that is down just means no reply yet.
 
     `role` picks the key pair under `keys_dir`; `token_file` is the learner token to present (read here, checked
-    to be private; a missing file presents none)."""
+    to be private; a missing file presents none). `subscribe=False` leaves out the control channel: a client that
+    never reads it (the supervisor's metrics probe) must not hold a queue the buffer keeps filling."""
 
     def __init__(self, router_url: str, control_url: str, identity: str, keys_dir: str = "", *,
-                 role: str = PRODUCER, token_file: str | os.PathLike | None = None) -> None:
+                 role: str = PRODUCER, token_file: str | os.PathLike | None = None, subscribe: bool = True) -> None:
         self.identity = identity
         self.router_url = router_url
         self.keys_dir, self.role = keys_dir, role
         self.token = read_token(token_file) if token_file else None
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
-        self.control = self.ctx.socket(zmq.SUB)
-        _setup_client(self.sock, self.control, identity, keys_dir, role, self.token)
+        self.control = self.ctx.socket(zmq.SUB) if subscribe else None
+        if self.control is None:
+            _setup_dealer(self.sock, identity, keys_dir, role, self.token)
+        else:
+            _setup_client(self.sock, self.control, identity, keys_dir, role, self.token)
         self._watch = _HandshakeWatch(self.sock, router_url)
         self.sock.connect(router_url)
-        self.control.connect(control_url)
+        if self.control is not None:
+            self.control.connect(control_url)
         self._enc = protocol.Encoder()
         self._dec = protocol.Decoder(protocol.ToLearner | protocol.ToProducer)
         self._ctl = protocol.Decoder(protocol.Control)
@@ -315,7 +330,7 @@ class BufferClient:
         """All control messages available now (waiting up to `timeout_s` for the first)."""
         out = []
         wait = int(timeout_s * 1000)
-        while self.control.poll(wait):
+        while self.control is not None and self.control.poll(wait):
             frames = self.control.recv_multipart(copy=False)
             try:
                 out.append(self._ctl.decode(frames))
@@ -327,7 +342,8 @@ class BufferClient:
     def close(self) -> None:
         self._watch.close()
         self.sock.close(linger=500)
-        self.control.close(linger=0)
+        if self.control is not None:
+            self.control.close(linger=0)
         self.ctx.term()
 
 

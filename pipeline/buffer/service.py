@@ -38,7 +38,7 @@ from pipeline.buffer.snapshot import SNAPSHOT_EVERY
 from pipeline.buffer.state import PromptRow
 from pipeline.config import Config
 from pipeline.prompts import Prompt
-from pipeline.transport import ServerSecurity, apply_heartbeats, check_bind
+from pipeline.transport import ServerSecurity, apply_keepalive, check_bind
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class BufferService:
         self.pub = self.ctx.socket(zmq.PUB)
         for sock in (self.router, self.pub):
             self.security.apply(sock)
-            apply_heartbeats(sock)
+            apply_keepalive(sock)
             sock.setsockopt(zmq.LINGER, 500)
             sock.setsockopt(zmq.MAXMSGSIZE, cfg.buffer.max_message_bytes)  # per frame; see the module docstring
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished peer raises instead of vanishing
