@@ -173,7 +173,7 @@ def checkpoint_state(ckpt: Path) -> dict[str, torch.Tensor]:
                               "(pip install 'reinforce-ada[deepspeed]')") from None
         state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag="deepspeed")
     else:  # ZeRO-0: the module's full state
-        state = torch.load(ds_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+        state = torch.load(ds_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)["module"]
     return to_publish(state, "lm.", torch.float32)
 
 
