@@ -202,3 +202,8 @@ if __name__ == "__main__":
     if dist.is_initialized():  # a rank that exits with gloo work in flight aborts (SIGABRT) at teardown
         dist.barrier()
         dist.destroy_process_group()
+    # skip the C++ static destructors: one of them ended a finished rank with "terminate called without an
+    # active exception" (SIGABRT) once in CI, after all its results were written
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

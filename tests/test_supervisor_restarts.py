@@ -185,3 +185,12 @@ def test_a_child_that_stops_the_run_on_purpose_is_not_restarted(tmp_path):
         assert children[0].restarts == 0
     finally:
         stop_all(children)
+    # the same words when it stops the run before the others are up (a producer still loading its engine)
+    (tmp_path / "early").mkdir()
+    early = Child("buffer", "buffer", [py, "-c", say], tmp_path / "early")
+    early.start()
+    try:
+        with pytest.raises(RunFailed, match="buffer stopped the run .exit code 78.:\n    buffer: stopping the run"):
+            wait_until(lambda: False, [early], 30, "the producers", stopping=lambda: "")
+    finally:
+        stop_all([early], grace_s=1.0)

@@ -10,6 +10,8 @@ when it runs, so `--help` and config errors answer at once. The loop is in loop.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 
 from pipeline import logs
@@ -54,5 +56,21 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def exit_process(code: int) -> None:
+    """End the process with `code`. A rank of a distributed learner leaves its process group and exits without
+    the C++ static destructors: one of them can end a rank that finished cleanly with "terminate called without
+    an active exception" (SIGABRT), and torchrun then reports the whole learner as failed."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        sys.exit(code)
+    try:
+        dist.destroy_process_group()
+    finally:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

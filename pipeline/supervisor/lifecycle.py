@@ -29,7 +29,7 @@ from pipeline.jsonl import JsonlTail
 from pipeline.supervisor.live import Display
 from pipeline.supervisor.plan import RunPlan
 from pipeline.supervisor.procs import Child, stop_all
-from pipeline.supervisor.restarts import POLICIES, Death, decide, last_error_line
+from pipeline.supervisor.restarts import POLICIES, Death, GiveUp, decide, last_error_line
 from pipeline.transport import BufferClient
 
 BUFFER_START_S = 60.0
@@ -46,6 +46,10 @@ class RunFailed(RuntimeError):
 
 
 def exited_while_starting(child: Child) -> RunFailed:
+    code = child.poll()
+    if code == EXIT_FATAL:  # it stopped the run on purpose (the reward never fires, say) before all were up
+        deaths = (Death(code, last_error_line(child.log_since_start())),)
+        return RunFailed(GiveUp(False, deaths, fatal=True).describe(child.name, child.log_path, child.tail()))
     error = last_error_line(child.log_since_start())
     cause = f"\n    {error}" if error else ""
     return RunFailed(f"{child.name} exited with code {child.poll()} while starting:{cause}\n"
