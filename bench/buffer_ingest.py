@@ -23,6 +23,7 @@ import numpy as np
 import zmq
 
 from pipeline import protocol as P
+from pipeline.testing.processes import buffer_command, wait_for_buffer
 from pipeline.transport import BufferClient, free_port, free_port_pair
 
 RESULTS = Path(__file__).parent / "results"
@@ -79,20 +80,14 @@ def buffer_ingest(num_rounds: int, tokens: int) -> tuple[float, dict]:
     """Seconds for a real buffer process to ingest `num_rounds` results, and its metrics afterwards."""
     router = free_port_pair()
     control = router + 1
-    cmd = [sys.executable, "-m", "pipeline.cli", "buffer", "--model", "unused", "--data.template", "{problem}=",
-           "--endpoints.router_port", str(router),
-           "--learner.batch_prompts", str(num_rounds * 2), "--learner.mini_batches", "1",
-           "--learner.eval_every", "0", "--data.num_arithmetic_train", str(num_rounds * 2),
-           "--run.dir", "/tmp/reinforce-ada-bench", "--buffer.lease_s", "600"]
+    cmd = buffer_command(router, "/tmp/reinforce-ada-bench", "--data.num_arithmetic_train", str(num_rounds * 2),
+                         "--buffer.lease_s", "600", batch=num_rounds * 2)
     # one core for the buffer, as a deployment would give it: the sender runs on the other
     buf = subprocess.Popen(["taskset", "-c", "0"] + cmd if _have_taskset() else cmd,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = BufferClient(f"tcp://127.0.0.1:{router}", f"tcp://127.0.0.1:{control}", "bench")
     try:
-        end = time.monotonic() + 60
-        while client.request(P.MetricsRequest("bench"), P.MetricsSnapshot, 1.0) is None:
-            if time.monotonic() > end or buf.poll() is not None:
-                raise RuntimeError("the buffer did not start")
+        wait_for_buffer(router, 60, proc=buf)
         rounds: list[P.RoundAssignment] = []
         while len(rounds) < num_rounds:
             reply = client.request(P.WorkRequest("bench", min(512, num_rounds - len(rounds)), 0), P.Assignments, 5)

@@ -29,7 +29,11 @@ import msgspec
 import numpy as np
 import zmq
 
-from bench.scripted import (
+from pipeline import protocol as P
+from pipeline.auth import create_token, learner_token_path
+from pipeline.buffer.service import max_frames
+from pipeline.config import load_config
+from pipeline.testing.processes import (
     buffer_command,
     prompts_accounted,
     scripted_command,
@@ -37,10 +41,6 @@ from bench.scripted import (
     start,
     wait_for_buffer,
 )
-from pipeline import protocol as P
-from pipeline.auth import create_token, learner_token_path
-from pipeline.buffer.service import max_frames
-from pipeline.config import load_config
 from pipeline.transport import free_port_pair
 
 MB = 1 << 20

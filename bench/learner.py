@@ -1,6 +1,6 @@
 """Learner throughput vs a plain transformers training step, and weight-publish time vs memcpy.
 
-    .venv/bin/python bench/learner.py [--reps 5] [--hidden 256] [--layers 2] [--vocab 4096] [--groups 8]
+    .venv/bin/python -m bench.learner [--reps 5] [--hidden 256] [--layers 2] [--vocab 4096] [--groups 8]
 
 Throughput: the same random Llama and the same batch of groups go through
   - `Learner.train_step` (one mini-batch, one optimizer step; batching, PPO loss, stats included), and
@@ -21,40 +21,21 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 def build_model(path: Path, hidden: int, layers: int, vocab: int) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from pipeline.testing.models import save_random_llama
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-                      num_attention_heads=hidden // 32, num_key_value_heads=hidden // 32, head_dim=32,
-                      intermediate_size=int(hidden * 8 / 3) // 16 * 16, max_position_embeddings=1024,
-                      tie_word_embeddings=False)
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    return path
+    return save_random_llama(path, vocab=vocab, hidden=hidden, layers=layers, heads=hidden // 32,
+                             kv_heads=hidden // 32, head_dim=32, intermediate=int(hidden * 8 / 3) // 16 * 16,
+                             max_positions=1024, seed=0)
 
 
 def make_batch(num_groups: int, n: int, vocab: int, seed: int = 0):
-    import numpy as np
+    """Random groups without a model: prompts of 32-95 tokens, completions of 16-191."""
+    from pipeline.testing.learner import make_groups
 
-    from pipeline import protocol
-
-    rng = np.random.default_rng(seed)
-    groups = []
-    for g in range(num_groups):
-        prompt = rng.integers(0, vocab, int(rng.integers(32, 96))).astype(np.int32)
-        samples = []
-        for i in range(n):
-            c = int(rng.integers(16, 192))
-            samples.append(protocol.Sample(rng.integers(0, vocab, c).astype(np.int32),
-                                           (-rng.random(c) * 2 - np.log(vocab) + 1).astype(np.float32),
-                                           float(i % 2), 0, "stop"))
-        groups.append(protocol.Group(g, prompt, samples, [0.5 if i % 2 else -0.5 for i in range(n)], n, 1, True))
-    return groups
+    return make_groups(None, num_groups, n, seed, vocab=vocab, prompt_len=(32, 96), completion_len=(16, 192))
 
 
 def plain_step_fn(model_dir: Path, groups, use_mask: bool):
@@ -89,9 +70,8 @@ def plain_step_fn(model_dir: Path, groups, use_mask: bool):
 
 def bench_throughput(model_dir: Path, groups, reps: int, tmp: Path) -> dict:
     """Median tokens/s of each runner, the runners interleaved rep by rep (shared CPUs drift over time)."""
-    from learner_worker import make_cfg
-
     from pipeline.consumer.learner import Learner
+    from pipeline.testing.learner import make_cfg
 
     def learner_fn(micro_tokens: int, sub: str):
         cfg = make_cfg(model_dir, tmp / sub, "torch", 2, "--learner.mini_batches", "1", "--learner.batch_prompts",

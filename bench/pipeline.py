@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pipeline.testing.processes import buffer_command, scripted_command, start
 from pipeline.transport import free_port_pair
 
 RESULTS = Path(__file__).parent / "results"
@@ -27,19 +28,14 @@ TOKENS = 24  # completion tokens of a scripted sample (the buffer's sampling.max
 
 
 def _buffer(run_dir: Path, port: int, batch: int, staleness: int, model_dir: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "pipeline.cli", "buffer", "--model", model_dir, "--data.template", "{problem}=",
-           "--endpoints.router_port", str(port),
-           "--learner.batch_prompts", str(batch), "--learner.mini_batches", "1", "--learner.eval_every", "0",
-           "--buffer.max_staleness", str(staleness), "--sampling.max_new_tokens", str(TOKENS),
-           "--run.dir", str(run_dir), "--run.name", "bench"]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return start(buffer_command(port, run_dir, "--buffer.max_staleness", str(staleness), "--sampling.max_new_tokens",
+                                str(TOKENS), "--run.name", "bench", batch=batch, model=model_dir))
 
 
 def _producers(port: int, n: int, round_seconds: float, max_rounds: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-m", "bench.scripted", "producer", "--connect", f"127.0.0.1:{port}",
-                              "--id", f"p{i}", "--round-seconds", str(round_seconds), "--max-rounds",
-                              str(max_rounds), "--vocab", "99", "--tokens", str(TOKENS)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(n)]
+    return [start(scripted_command("producer", port, "--id", f"p{i}", "--round-seconds", str(round_seconds),
+                                   "--max-rounds", str(max_rounds), "--vocab", "99", "--tokens", str(TOKENS)))
+            for i in range(n)]
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -63,9 +59,8 @@ def generation_only(args, model_dir: str) -> float:
         procs = [_buffer(Path(tmp), port, args.batch, 1, model_dir)]
         procs += _producers(port, args.producers, args.round_seconds, args.max_rounds)
         out = Path(tmp) / "summary.json"
-        subprocess.run([sys.executable, "-m", "bench.scripted", "learner", "--connect", f"127.0.0.1:{port}",
-                        "--steps", str(args.steps), "--batch", str(args.batch), "--out", str(out)],
-                       check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(scripted_command("learner", port, "--steps", str(args.steps), "--batch", str(args.batch),
+                                        "--out", str(out)), check=True, stdout=subprocess.DEVNULL)
         summary = json.loads(out.read_text())
         _stop(procs)
     return statistics.median(summary["step_seconds"][WARMUP:])

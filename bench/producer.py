@@ -1,6 +1,6 @@
 """Producer generation throughput vs vLLM's own offline `LLM.generate`, and the in-place weight-load time.
 
-    .venv/bin/python bench/producer.py [--model DIR] [--prompts 48] [--round-size 8] [--max-new-tokens 64] [--reps 7]
+    .venv/bin/python -m bench.producer [--model DIR] [--prompts 48] [--round-size 8] [--max-new-tokens 64] [--reps 7]
 
 Throughput: the same model, prompts and sampling settings (T = 1, top_p = 1, sampled-token log-probs,
 seed per round) go through
@@ -27,23 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipeline.testing.models import save_sharpened_tiny
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-
-def build_model(path: Path) -> Path:
-    import torch
-
-    from pipeline.tiny_model import make_model, make_tokenizer
-
-    torch.manual_seed(0)
-    tok = make_tokenizer()
-    model = make_model(len(tok))
-    with torch.no_grad():
-        model.lm_head.weight.mul_(10.0)  # peaked, not uniform, next-token distributions
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 def describe(model_dir: str, name: str) -> str:
@@ -195,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         built = not args.model
         if built:
-            args.model = str(build_model(Path(tmp) / "model"))
+            args.model = str(save_sharpened_tiny(Path(tmp) / "model"))
         args.model_desc = describe(args.model, "random tiny Llama" if built else args.model)
         out = asyncio.run(bench(args))
     text, ratio = report(args, out)

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.scripted import (
+from pipeline.testing.processes import (
     buffer_command,
     prompts_accounted,
     results_received,

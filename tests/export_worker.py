@@ -1,6 +1,6 @@
 """Test helper: DeepSpeed ZeRO-2 and ZeRO-3 learners on two ranks write checkpoints with their Hugging Face export.
 
-    torchrun --nproc-per-node 2 tests/export_worker.py MODEL_DIR OUT_DIR
+    torchrun --nproc-per-node 2 -m tests.export_worker MODEL_DIR OUT_DIR   # from the repository root
 
 For each stage: train 2 steps on fixed groups, checkpoint through the learner loop's `save_checkpoint` (hf/
 gathered on rank 0) under OUT_DIR/zero{stage}/test/, and write the weights that `full_state_dict` gathers at that
@@ -16,14 +16,10 @@ from pathlib import Path
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # torchrun runs this file by path
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from learner_worker import make_cfg, make_groups  # noqa: E402
-
-from pipeline.config import dumps_toml  # noqa: E402
-from pipeline.consumer.learner import Learner  # noqa: E402
-from pipeline.consumer.loop import save_checkpoint  # noqa: E402
+from pipeline.config import dumps_toml
+from pipeline.consumer.learner import Learner
+from pipeline.consumer.loop import save_checkpoint
+from pipeline.testing.learner import make_cfg, make_groups
 
 
 def main(model_dir: Path, out_dir: Path) -> None:

@@ -1,6 +1,8 @@
-"""Test helpers for the learner: a tiny random Llama, a fixed batch of groups, and a torchrun worker.
+"""The learner tests' torchrun worker (the tiny model, groups and config it uses are in pipeline/testing/learner.py).
 
-    torchrun --nproc-per-node 2 tests/learner_worker.py MODEL_DIR GROUPS_FILE OUT_DIR STEPS ddp zero2 zero3 ...
+    torchrun --nproc-per-node 2 -m tests.learner_worker MODEL_DIR GROUPS_FILE OUT_DIR STEPS ddp zero2 zero3 ...
+
+(from the repository root, so that this checkout's `pipeline` and `tests` are the ones imported)
 
 runs `STEPS` train_steps on the fixed groups with each named setup in turn (same process group) and writes,
 per setup, `OUT_DIR/<setup>/v{STEPS:06d}.safetensors` and `OUT_DIR/<setup>/metrics.json` (rank 0).
@@ -11,107 +13,20 @@ kind of rank message from rank 0 and records what rank 1 received.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
-import struct
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from transformers import LlamaConfig, LlamaForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # torchrun runs this file by path
-
-from pipeline import protocol as P  # noqa: E402
-from pipeline.config import load_config  # noqa: E402
-from pipeline.consumer import ranks  # noqa: E402
-from pipeline.consumer.backends import LearnerBackend  # noqa: E402
-from pipeline.consumer.backends.common import setup_dist  # noqa: E402
-from pipeline.consumer.learner import Learner  # noqa: E402
-from pipeline.consumer.model import load_model, token_logprobs  # noqa: E402
-
-VOCAB = 64
-
-
-def make_tiny_model(path: Path, seed: int = 0) -> Path:
-    """A random LlamaForCausalLM: hidden 64, 2 layers, head_dim 32, vocab 64 (no tokenizer)."""
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=2, head_dim=32, intermediate_size=128, max_position_embeddings=256,
-                      tie_word_embeddings=False)
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    return path
-
-
-def make_groups(model_dir: Path | None, num_groups: int = 4, n: int = 4, seed: int = 0, noise: float = 0.3,
-                temperature: float = 1.0) -> list[P.Group]:
-    """Groups with random prompts/completions; behaviour log-probs = the model's own plus Gaussian noise
-    (so some ratios clip and some do not); advantages +0.5 for even samples, -0.5 for odd ones."""
-    rng = np.random.default_rng(seed)
-    model = load_model(model_dir) if model_dir is not None else None
-    groups = []
-    for g in range(num_groups):
-        prompt = rng.integers(0, VOCAB, int(rng.integers(2, 9))).astype(np.int32)
-        samples, adv = [], []
-        for i in range(n):
-            comp = rng.integers(0, VOCAB, int(rng.integers(1, 15))).astype(np.int32)
-            if model is not None:
-                ids = torch.from_numpy(np.concatenate([prompt, comp]).astype(np.int64))[None]
-                with torch.no_grad():
-                    lp, _ = token_logprobs(model, ids, None, temperature, with_entropy=False)
-                lp = lp[0, prompt.size - 1: prompt.size - 1 + comp.size].numpy()
-            else:
-                lp = -np.log(VOCAB) * np.ones(comp.size)
-            lp = (lp + noise * rng.standard_normal(comp.size)).astype(np.float32)
-            lp = np.minimum(lp, -1e-3).astype(np.float32)
-            samples.append(P.Sample(comp, lp, float(i % 2 == 0), 0, "stop"))
-            adv.append(0.5 if i % 2 == 0 else -0.5)
-        groups.append(P.Group(g, prompt, samples, adv, n, 1, True))
-    return groups
-
-
-def save_groups(groups: list[P.Group], path: Path) -> None:
-    """The groups as one protocol Batch, frames length-prefixed (the wire encoding, no pickle)."""
-    frames = P.Encoder().encode(P.Batch(0, groups, {}))
-    with open(path, "wb") as f:
-        for fr in frames:
-            b = bytes(fr)
-            f.write(struct.pack("<Q", len(b)))
-            f.write(b)
-
-
-def load_groups(path: Path) -> list[P.Group]:
-    data = Path(path).read_bytes()
-    frames, i = [], 0
-    while i < len(data):
-        (n,) = struct.unpack_from("<Q", data, i)
-        frames.append(data[i + 8: i + 8 + n])
-        i += 8 + n
-    return P.Decoder(P.Batch).decode(frames).groups
-
-
-def poison(groups: list[P.Group], where: list[tuple[int, int]]) -> list[P.Group]:
-    """A copy of `groups` with the first behaviour log-prob of sample s of group g set to NaN, for (g, s) in
-    `where` (written after construction: the buffer refuses such samples at its edge, but the learner must
-    survive one all the same)."""
-    out = copy.deepcopy(groups)
-    for g, s in where:
-        out[g].samples[s].logprobs[0] = np.nan
-    return out
-
-
-def make_cfg(model_dir: Path, run_dir: Path, backend: str = "torch", zero_stage: int = 2, *extra: str):
-    """A learner config for the tests: 4 groups per batch in 2 mini-batches, small micro-batches, lr 1e-3."""
-    return load_config(None, [
-        "--model.path", str(model_dir), "--learner.backend", backend, "--learner.zero_stage", str(zero_stage),
-        "--learner.lr", "1e-3", "--learner.batch_prompts", "4", "--learner.mini_batches", "2",
-        "--learner.micro_batch_tokens", "64", "--learner.grad_clip", "1.0", "--learner.warmup_steps", "2",
-        "--weights.dir", str(run_dir / "weights"), "--run.dir", str(run_dir), "--run.name", "test", *extra,
-    ])
-
+from pipeline import protocol as P
+from pipeline.consumer import ranks
+from pipeline.consumer.backends import LearnerBackend
+from pipeline.consumer.backends.common import setup_dist
+from pipeline.consumer.learner import Learner
+from pipeline.testing.learner import load_groups, make_cfg, poison
 
 SETUPS = {"torch": ("torch", 2), "ddp": ("torch", 2), "zero0": ("deepspeed", 0), "zero2": ("deepspeed", 2),
           "zero3": ("deepspeed", 3)}

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import zmq
 
-from bench.scripted import buffer_command
 from pipeline import protocol as P
 from pipeline.auth import (
     LEARNER,
@@ -27,6 +26,7 @@ from pipeline.auth import (
 )
 from pipeline.buffer.core import BufferCore
 from pipeline.config import load_config
+from pipeline.testing.processes import buffer_command
 from pipeline.transport import BufferClient, ServerSecurity, free_port_pair
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from bench.flood import poisoned_results
-from bench.scripted import poisoned, prompts_accounted
 from pipeline import protocol as P
 from pipeline.auth import LEARNER, PRODUCER
 from pipeline.buffer.core import WORK_POLL_S, BufferCore
@@ -18,6 +17,8 @@ from pipeline.buffer.incidents import MAX_TRACKED_SENDERS
 from pipeline.buffer.peers import MAX_PEERS, Conn, peer_name
 from pipeline.config import load_config
 from pipeline.prompts import Prompt
+from pipeline.testing.processes import prompts_accounted
+from pipeline.testing.scripted import poisoned
 
 TRAIN = [(f"{i}+{i}=", str(2 * i)) for i in range(300)]
 EVALS = [Prompt(f"e{i}=", str(i), "held-out") for i in range(4)]

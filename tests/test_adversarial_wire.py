@@ -14,7 +14,12 @@ import pytest
 import zmq
 
 from bench.flood import Flooder, poisoned_results, run_flood
-from bench.scripted import (
+from pipeline import protocol as P
+from pipeline.auth import LEARNER, create_token, learner_token_path
+from pipeline.buffer.checks import REJECT_REASONS
+from pipeline.buffer.service import max_frames
+from pipeline.config import load_config
+from pipeline.testing.processes import (
     buffer_command,
     buffer_metrics,
     prompts_accounted,
@@ -23,11 +28,6 @@ from bench.scripted import (
     start,
     wait_for_buffer,
 )
-from pipeline import protocol as P
-from pipeline.auth import LEARNER, create_token, learner_token_path
-from pipeline.buffer.checks import REJECT_REASONS
-from pipeline.buffer.service import max_frames
-from pipeline.config import load_config
 from pipeline.transport import BufferClient, free_port_pair
 
 pytestmark = pytest.mark.slow

@@ -2,28 +2,19 @@
 
 import json
 import subprocess
-import sys
 import time
 
 import pytest
 
 from pipeline import protocol as P
+from pipeline.testing.processes import buffer_command, scripted_command, start, wait_for_buffer
 from pipeline.transport import BufferClient, free_port_pair
 
 pytestmark = pytest.mark.slow
 
 
-def _buffer_cmd(router, control, run_dir, *extra):
-    return [sys.executable, "-m", "pipeline.cli", "buffer", "--model", "unused",
-            "--endpoints.router_port", str(router),
-            "--run.dir", str(run_dir), "--data.template", "{problem}=", "--learner.batch_prompts", "8",
-            "--learner.mini_batches", "1", "--learner.eval_every", "0", "--buffer.heartbeat_timeout_s", "3",
-            *extra]
-
-
-def _scripted(role, router, control, *extra):
-    return [sys.executable, "-m", "bench.scripted", role, "--connect", f"127.0.0.1:{router}",
-            "--control-port", str(control), *extra]
+def _buffer_cmd(router, run_dir):
+    return buffer_command(router, run_dir, "--buffer.heartbeat_timeout_s", "3")
 
 
 @pytest.fixture
@@ -32,29 +23,17 @@ def ports():
     return port, port + 1
 
 
-def _wait_ready(router, control, timeout=30):
-    client = BufferClient(f"tcp://127.0.0.1:{router}", f"tcp://127.0.0.1:{control}", "probe")
-    try:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if client.request(P.MetricsRequest("probe"), P.MetricsSnapshot, 1.0) is not None:
-                return
-        raise AssertionError("buffer did not come up")
-    finally:
-        client.close()
-
-
 def test_buffer_serves_scripted_producers_and_learner(tmp_path, ports):
     router, control = ports
-    buf = subprocess.Popen(_buffer_cmd(router, control, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    buf = start(_buffer_cmd(router, tmp_path), tmp_path / "buffer.log")
     procs = []
     try:
-        _wait_ready(router, control)
-        procs = [subprocess.Popen(_scripted("producer", router, control, "--id", f"p{i}", "--round-seconds", "0.02"))
+        wait_for_buffer(router)
+        procs = [subprocess.Popen(scripted_command("producer", router, "--id", f"p{i}", "--round-seconds", "0.02"))
                  for i in range(2)]
         out = tmp_path / "summary.json"
-        learner = subprocess.run(_scripted("learner", router, control, "--steps", "6", "--batch", "8",
-                                           "--out", str(out)), timeout=120)
+        learner = subprocess.run(scripted_command("learner", router, "--steps", "6", "--batch", "8", "--out", str(out)),
+                                 timeout=120)
         assert learner.returncode == 0
         summary = json.loads(out.read_text())
         assert summary["steps"] == 6 and summary["versions"] == [1, 2, 3, 4, 5, 6]
@@ -78,11 +57,11 @@ def test_malformed_messages_are_counted_and_dropped(tmp_path, ports):
     import zmq
 
     router, control = ports
-    buf = subprocess.Popen(_buffer_cmd(router, control, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    buf = start(_buffer_cmd(router, tmp_path), tmp_path / "buffer.log")
     ctx = zmq.Context()
     client = None
     try:
-        _wait_ready(router, control)
+        wait_for_buffer(router)
         evil = ctx.socket(zmq.DEALER)
         evil.setsockopt(zmq.IDENTITY, b"evil")
         evil.setsockopt(zmq.LINGER, 0)

@@ -14,9 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from learner_worker import make_cfg, make_groups, make_tiny_model
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 from pipeline.config import dumps_toml
 from pipeline.consumer.learner import Learner
@@ -24,6 +23,8 @@ from pipeline.consumer.loop import save_checkpoint
 from pipeline.consumer.model import token_logprobs
 from pipeline.export import ExportError, find_run_export, latest_export
 from pipeline.export import main as export_main
+from pipeline.testing.learner import make_cfg, make_groups, make_tiny_model
+from pipeline.testing.models import save_random_llama
 from pipeline.transport import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,13 +38,9 @@ def untied(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tied(tmp_path_factory) -> Path:
     """A random Llama with tied input and output embeddings (and a generation config of its own)."""
-    path = tmp_path_factory.mktemp("model") / "tied"
-    torch.manual_seed(1)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=32, intermediate_size=128, max_position_embeddings=256,
-                      tie_word_embeddings=True, eos_token_id=2)
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    return path
+    return save_random_llama(tmp_path_factory.mktemp("model") / "tied", vocab=64, hidden=64, layers=2, heads=2,
+                             kv_heads=1, head_dim=32, intermediate=128, max_positions=256, tied=True, seed=1,
+                             eos_token_id=2)
 
 
 def trained(model_dir: Path, run_root: Path, steps: int = 2) -> tuple[Learner, list]:
@@ -151,8 +148,8 @@ def test_deepspeed_zero_checkpoints_export_on_rank0_and_from_their_shards(tied, 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     proc = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()),
-                           str(ROOT / "tests" / "export_worker.py"), str(tied), str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=600)
+                           "-m", "tests.export_worker", str(tied), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for stage in (2, 3):
         reference = load_file(tmp_path / f"zero{stage}" / "reference.safetensors")

@@ -8,19 +8,13 @@ import math
 import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-import zmq
-from learner_worker import load_groups, make_cfg, make_groups, make_tiny_model, poison, run_setups, save_groups
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from bench.scripted import buffer_command, scripted_command, start, wait_for_buffer
 from pipeline import protocol as P
 from pipeline.auth import create_token, learner_token_path
 from pipeline.consumer import batching
@@ -30,8 +24,13 @@ from pipeline.consumer.learner import Learner
 from pipeline.consumer.loop import _step_line
 from pipeline.consumer.main import main
 from pipeline.consumer.model import load_model, token_logprobs
+from pipeline.testing.doubles import LearnerBuffer
+from pipeline.testing.learner import load_groups, main_args, make_cfg, make_groups, make_tiny_model, poison, save_groups
+from pipeline.testing.models import save_random_llama
+from pipeline.testing.processes import buffer_command, scripted_command, start, wait_for_buffer
 from pipeline.transport import free_port, free_port_pair
 from pipeline.weights.file import iter_file, publish_weights, published_versions
+from tests.learner_worker import run_setups
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,9 +127,8 @@ def test_chunked_head_matches_one_pass(tiny, monkeypatch):
 
 
 def test_tied_embeddings_publish_once(tmp_path, groups):
-    cfg = LlamaConfig(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=2, head_dim=32, intermediate_size=128, tie_word_embeddings=True)
-    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "tied")
+    save_random_llama(tmp_path / "tied", vocab=64, hidden=64, layers=1, heads=2, kv_heads=2, head_dim=32,
+                      intermediate=128, tied=True, seed=None)
     learner = Learner(make_cfg(tmp_path / "tied", tmp_path))
     learner.train_step(groups)
     state = learner.state_dict_for_publish()
@@ -297,15 +295,16 @@ def test_rank_messages_reach_every_rank(groups, tmp_path):
 
 def _torchrun(tiny, gfile, out_dir, *setups):
     """learner_worker.py's setups on two ranks, 2 steps each."""
-    return _torchrun2(str(ROOT / "tests" / "learner_worker.py"), str(tiny), str(gfile), str(out_dir), "2", *setups)
+    return _torchrun2("-m", "tests.learner_worker", str(tiny), str(gfile), str(out_dir), "2", *setups)
 
 
 def _torchrun2(*args: str) -> subprocess.CompletedProcess:
-    """`torchrun --nproc-per-node 2 ARGS`, one CPU thread per rank."""
+    """`torchrun --nproc-per-node 2 ARGS` in the repository root (so `-m` finds this checkout's modules), one CPU
+    thread per rank."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     return subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()), *args], env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
 @pytest.mark.slow
@@ -338,69 +337,11 @@ def test_backends_agree_torch_ddp_zero2_zero3(tiny, groups, tmp_path):
 # ---------------------------------------------------------------- the main loop against a scripted buffer
 
 
-class ScriptedBuffer:
-    """A test double of the buffer: answers BatchRequests with `batches` (then empty ones), records the rest.
-
-    With `progress_s`, it first answers for that long with empty Batches (each held 0.2 s, as the real buffer
-    holds a request) whose `buffer/samples_received` rises: producers generating, no batch ready yet. With
-    `version`, it answers MetricsRequests as a buffer at that learner version (else not at all)."""
-
-    def __init__(self, batches, progress_s: float = 0.0, version: int | None = None):
-        self.port = free_port_pair()
-        self.ctx = zmq.Context()
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.bind(f"tcp://127.0.0.1:{self.port}")
-        self.pub = self.ctx.socket(zmq.PUB)
-        self.pub.bind(f"tcp://127.0.0.1:{self.port + 1}")
-        self.batches = list(batches)
-        self.progress_s = progress_s
-        self.version = version
-        self.first_request: float | None = None
-        self.received: list = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self):
-        enc, dec = P.Encoder(), P.Decoder(P.ToBuffer)
-        while not self.stop.is_set():
-            if not self.router.poll(50):
-                continue
-            ident, *frames = self.router.recv_multipart()
-            msg = dec.decode(frames)
-            self.received.append(msg)
-            if isinstance(msg, P.MetricsRequest) and self.version is not None:
-                self.router.send_multipart([ident, *enc.encode(P.MetricsSnapshot({"learner_version": self.version}))])
-            if isinstance(msg, P.BatchRequest):
-                self.first_request = self.first_request or time.monotonic()
-                if time.monotonic() - self.first_request < self.progress_s:
-                    time.sleep(min(0.2, msg.timeout_ms / 1000))
-                    metrics = {"buffer/samples_received": 10.0 * len(self.received)}
-                    self.router.send_multipart([ident, *enc.encode(P.Batch(msg.learner_version, [], metrics))])
-                    continue
-                groups = self.batches.pop(0) if self.batches else []
-                reply = P.Batch(msg.learner_version, groups, {"eval/acc": 0.25} if groups else {})
-                self.router.send_multipart([ident, *enc.encode(reply)])
-
-    def close(self):
-        self.stop.set()
-        self.thread.join()
-        self.router.close(0)
-        self.pub.close(0)
-        self.ctx.term()
-
-
-def _main_args(tiny, tmp_path, port, *extra):
-    return ["--connect", f"127.0.0.1:{port}", "--model", str(tiny), "--learner.batch_prompts", "4",
-            "--learner.mini_batches", "2", "--learner.lr", "1e-3", "--learner.micro_batch_tokens", "128",
-            "--weights.dir", str(tmp_path / "w"), "--run.dir", str(tmp_path), "--run.name", "r", *extra]
-
-
 def test_main_trains_publishes_announces_and_shuts_down(tiny, groups, tmp_path, capsys):
-    buf = ScriptedBuffer([groups, groups[:3]])
+    buf = LearnerBuffer([groups, groups[:3]])
     try:
-        rc = main(_main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "2", "--learner.checkpoint_every",
-                             "1", "--learner.batch_timeout_s", "30"))
+        rc = main(main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "2", "--learner.checkpoint_every",
+                            "1", "--learner.batch_timeout_s", "30"))
     finally:
         buf.close()
     assert rc == 0
@@ -418,9 +359,9 @@ def test_main_trains_publishes_announces_and_shuts_down(tiny, groups, tmp_path, 
     assert "step 1 | reward 0.50 | kept 4/4 | stale 0 |" in out and "kept 3/4 | stale 1 |" in out
     assert (tmp_path / "r" / "checkpoints" / "latest").read_text() == "step_000002"
 
-    buf = ScriptedBuffer([groups])  # --resume: republish version 2 for fresh producers, then go on at 2
+    buf = LearnerBuffer([groups])  # --resume: republish version 2 for fresh producers, then go on at 2
     try:
-        rc = main(_main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "3", "--resume"))
+        rc = main(main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "3", "--resume"))
     finally:
         buf.close()
     assert rc == 0
@@ -431,9 +372,9 @@ def test_main_trains_publishes_announces_and_shuts_down(tiny, groups, tmp_path, 
 
 
 def test_main_gives_up_after_batch_timeout(tiny, tmp_path, capsys):
-    buf = ScriptedBuffer([])
+    buf = LearnerBuffer([])
     try:
-        rc = main(_main_args(tiny, tmp_path, buf.port, "--learner.batch_timeout_s", "1.5"))
+        rc = main(main_args(tiny, tmp_path, buf.port, "--learner.batch_timeout_s", "1.5"))
     finally:
         buf.close()
     assert rc == 1
@@ -443,9 +384,9 @@ def test_main_gives_up_after_batch_timeout(tiny, tmp_path, capsys):
 def test_main_keeps_waiting_while_producers_make_progress(tiny, groups, tmp_path, capsys):
     """learner.batch_timeout_s counts only time without progress: samples keep arriving for twice the timeout
     before the batch is ready, and the learner waits for it and trains."""
-    buf = ScriptedBuffer([groups], progress_s=3.0)
+    buf = LearnerBuffer([groups], progress_s=3.0)
     try:
-        rc = main(_main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "1", "--learner.batch_timeout_s", "1.5"))
+        rc = main(main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "1", "--learner.batch_timeout_s", "1.5"))
     finally:
         buf.close()
     assert rc == 0, capsys.readouterr().err
@@ -456,20 +397,20 @@ def test_main_keeps_waiting_while_producers_make_progress(tiny, groups, tmp_path
 @pytest.mark.slow
 def test_main_under_torchrun_shares_batches_and_errors_with_every_rank(tiny, groups, tmp_path):
     """Two learner ranks: rank 0 fetches, both train on the same batches; a timeout ends both with the error."""
-    buf = ScriptedBuffer([groups, groups[:2]])
+    buf = LearnerBuffer([groups, groups[:2]])
     try:
         ok = _torchrun2("-m", "pipeline.consumer.main",
-                        *_main_args(tiny, tmp_path / "ok", buf.port, "--learner.num_steps", "2"))
+                        *main_args(tiny, tmp_path / "ok", buf.port, "--learner.num_steps", "2"))
     finally:
         buf.close()
     assert ok.returncode == 0, ok.stderr[-4000:]
     assert "step 1 | reward 0.50 | kept 4/4" in ok.stdout and "step 2 | reward 0.50 | kept 2/4" in ok.stdout
     assert [m.version for m in buf.received if isinstance(m, P.VersionUpdate)] == [0, 1, 2]
 
-    buf = ScriptedBuffer([])
+    buf = LearnerBuffer([])
     try:
         err = _torchrun2("-m", "pipeline.consumer.main",
-                         *_main_args(tiny, tmp_path / "err", buf.port, "--learner.batch_timeout_s", "2"))
+                         *main_args(tiny, tmp_path / "err", buf.port, "--learner.batch_timeout_s", "2"))
     finally:
         buf.close()
     assert err.returncode == 1
@@ -489,8 +430,8 @@ def test_main_trains_against_the_real_buffer_with_its_learner_token(tiny, tmp_pa
     for i in range(2):
         procs.append(start(scripted_command("producer", port, "--id", f"p{i}", "--round-seconds", "0.2",
                                             "--tokens", "8"), tmp_path / f"p{i}.log"))
-    rc = main(_main_args(tiny, tmp_path, port, "--learner.num_steps", "2", "--learner.mini_batches", "1",
-                         "--learner.batch_timeout_s", "60"))
+    rc = main(main_args(tiny, tmp_path, port, "--learner.num_steps", "2", "--learner.mini_batches", "1",
+                        "--learner.batch_timeout_s", "60"))
     assert rc == 0, capsys.readouterr().err
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["num_groups"] == 4 for r in rows)

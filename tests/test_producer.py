@@ -18,8 +18,10 @@ import pytest
 
 from pipeline import protocol as P
 from pipeline.config import EngineConfig, SamplingConfig, load_config
-from pipeline.producer.engine import Completion, RoundAborted, RoundOutput, _sampled_logprobs, engine_kwargs, round_seed
+from pipeline.producer.engine import RoundAborted, _sampled_logprobs, engine_kwargs, round_seed
 from pipeline.producer.worker import Producer
+from pipeline.testing.doubles import FakeClient, FakeEngine, FakePool, ProducerBuffer, until
+from pipeline.testing.models import save_sharpened_tiny
 from pipeline.weights.uris import file_uri_problem, local_path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,100 +102,8 @@ def test_main_rejects_bad_arguments(argv, message, capsys):
 # ---------------------------------------------------------------- fast: the worker against fakes
 
 
-class FakeEngine:
-    """A scripted engine: a round takes `delay_s` and returns one token per sample; abort ends it at once. A
-    streamed round (`on_sample`) hands sample i over after (i + 1) * delay_s / num_samples; an abort then cuts
-    the rest (each had generated i + 1 tokens)."""
-
-    def __init__(self, delay_s: float = 0.05, slots: int = 4):
-        self.delay_s, self.slots = delay_s, slots
-        self.version, self.last_load_seconds, self.is_dead = 0, 0.0, False
-        self.on_sample_done = None
-        self.running: dict[int, asyncio.Event] = {}
-        self.loads: list[tuple[str, int]] = []
-
-    @property
-    def live_samples(self):
-        return len(self.running)
-
-    def free_samples(self):
-        return max(0, self.slots - len(self.running))
-
-    async def generate_round(self, a, on_sample=None):
-        version, aborted = self.version, asyncio.Event()
-        self.running[a.round_id] = aborted
-        comps = [Completion(np.array([i + 4], np.int32), np.array([-0.5], np.float32), a.answer if i == 0 else "x",
-                            "stop", version) for i in range(a.num_samples)]
-        prompt = np.array([1, 5], np.int32)
-        try:
-            steps = a.num_samples if on_sample else 1
-            for i in range(steps):
-                try:
-                    await asyncio.wait_for(aborted.wait(), self.delay_s / steps)
-                    cut = range(i, a.num_samples) if on_sample else range(a.num_samples)
-                    raise RoundAborted(str(a.round_id), len(cut), sum(k + 1 for k in cut))
-                except TimeoutError:
-                    if on_sample:
-                        on_sample(i, comps[i], prompt)
-        finally:
-            del self.running[a.round_id]
-        return RoundOutput(prompt, comps)
-
-    async def abort(self, round_id):
-        if round_id in self.running:
-            self.running[round_id].set()
-
-    async def load_weights(self, path, version):
-        self.loads.append((path, version))
-        self.version = version
-        return 0.001
-
-
-class FakePool:
-    num_workers = 1
-
-    def __init__(self):
-        self.extras: list = []  # the extras each sample was scored with
-
-    async def ascore(self, completions, answers, extras=None):
-        self.extras += list(extras or [None] * len(completions))
-        return [float(c == a) for c, a in zip(completions, answers)]
-
-    def metrics(self):
-        return {"reward_errors": 0}
-
-
-class FakeClient:
-    """Records what the producer sends; the test feeds replies and control messages."""
-
-    def __init__(self):
-        self.sent: list = []
-        self.replies: asyncio.Queue = asyncio.Queue()
-        self.control: asyncio.Queue = asyncio.Queue()
-
-    async def send(self, msg):
-        # through the real codec, so every message is wire-valid
-        self.sent.append(P.Decoder(P.ToBuffer).decode([bytes(f) for f in P.Encoder().encode(msg)]))
-
-    async def recv(self):
-        return await self.replies.get()
-
-    async def recv_control(self):
-        return await self.control.get()
-
-    def of(self, kind):
-        return [m for m in self.sent if isinstance(m, kind)]
-
-
 def _assign(rid, answer="7", n=2, prompt="1+6="):
     return P.RoundAssignment(rid, rid * 10, prompt, answer, n, 60.0)
-
-
-async def _until(cond, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 def _producer(engine, client, **kw):
@@ -206,13 +116,13 @@ def test_worker_requests_generates_scores_and_stops():
         engine, client = FakeEngine(), FakeClient()
         prod = _producer(engine, client)
         task = asyncio.create_task(prod.run())
-        await _until(lambda: client.of(P.WorkRequest))
+        await until(lambda: client.of(P.WorkRequest))
         req = client.of(P.WorkRequest)[0]
         assert (req.producer_id, req.max_rounds, req.version) == ("p0", 3, 0)  # min(free 4, max_rounds 3)
         assert req.max_samples == 4
         eval_round = P.RoundAssignment(2, 20, "2+2", "4", 2, 60.0, "eval", extras={"tests": ["assert 1"]})
         await client.replies.put(P.Assignments([_assign(1), eval_round], 0))
-        await _until(lambda: len(client.of(P.RoundResult)) == 2)
+        await until(lambda: len(client.of(P.RoundResult)) == 2)
         res = {r.round_id: r for r in client.of(P.RoundResult)}
         assert [s.reward for s in res[1].samples] == [1.0, 0.0] and res[2].prompt_id == 20
         assert (res[1].kind, res[2].kind) == ("train", "eval")  # the kind is echoed
@@ -222,7 +132,7 @@ def test_worker_requests_generates_scores_and_stops():
         # at most one request outstanding: nothing new was asked before the reply; the next one counts the
         # two rounds started by the reply (4 slots - 2)
         assert len(client.of(P.WorkRequest)) == 2 and client.of(P.WorkRequest)[1].max_rounds == 2
-        await _until(lambda: any(h.stats["rounds_done"] == 2 for h in client.of(P.Heartbeat)))
+        await until(lambda: any(h.stats["rounds_done"] == 2 for h in client.of(P.Heartbeat)))
         assert "reward_errors" in client.of(P.Heartbeat)[-1].stats  # the reward pool's failure counters
         await client.control.put(P.Shutdown("done"))
         assert await asyncio.wait_for(task, 5) == 0
@@ -235,13 +145,13 @@ def test_worker_abort_sends_nothing_even_when_it_overtakes_the_assignment():
         engine, client = FakeEngine(delay_s=5.0), FakeClient()
         prod = _producer(engine, client)
         task = asyncio.create_task(prod.run())
-        await _until(lambda: client.of(P.WorkRequest))
+        await until(lambda: client.of(P.WorkRequest))
         await client.control.put(P.Abort([2], "exited"))  # before round 2 is even assigned
         await asyncio.sleep(0.05)
         await client.replies.put(P.Assignments([_assign(1), _assign(2)], 0))
-        await _until(lambda: 1 in engine.running)
+        await until(lambda: 1 in engine.running)
         await client.control.put(P.Abort([1], "stale"))
-        await _until(lambda: prod.counts["rounds_aborted"] == 2)
+        await until(lambda: prod.counts["rounds_aborted"] == 2)
         prod.stop("test", grace_s=0.0)
         assert await asyncio.wait_for(task, 5) == 0
         assert not client.of(P.RoundResult)
@@ -254,17 +164,17 @@ def test_worker_resends_an_unanswered_request_and_loads_announced_weights_first(
         engine, client = FakeEngine(), FakeClient()
         prod = _producer(engine, client, request_timeout_s=0.2)
         task = asyncio.create_task(prod.run())
-        await _until(lambda: len(client.of(P.WorkRequest)) >= 2)  # the first got no reply: asked again
+        await until(lambda: len(client.of(P.WorkRequest)) >= 2)  # the first got no reply: asked again
         weights = P.WeightAnnouncement(3, "file:///dev/shm/w/v000003.safetensors", 10)
         await client.replies.put(P.Assignments([_assign(1)], 3, weights))
-        await _until(lambda: client.of(P.RoundResult))
+        await until(lambda: client.of(P.RoundResult))
         assert engine.loads == [("/dev/shm/w/v000003.safetensors", 3)]
         assert all(s.version == 3 for s in client.of(P.RoundResult)[0].samples)
-        await _until(lambda: client.of(P.WorkRequest)[-1].version == 3)
+        await until(lambda: client.of(P.WorkRequest)[-1].version == 3)
         # an older or equal announcement on the control channel is ignored
         await client.control.put(P.VersionUpdate(3, weights))
         await client.control.put(P.VersionUpdate(5, P.WeightAnnouncement(5, "/dev/shm/w/v000005.safetensors", 10)))
-        await _until(lambda: engine.version == 5)
+        await until(lambda: engine.version == 5)
         assert engine.loads[1:] == [("/dev/shm/w/v000005.safetensors", 5)]
         prod.stop("test")
         assert await asyncio.wait_for(task, 5) == 0
@@ -279,9 +189,9 @@ def test_worker_grace_lets_running_rounds_finish():
         engine, client = FakeEngine(delay_s=0.3), FakeClient()
         prod = _producer(engine, client, grace_s=5.0)
         task = asyncio.create_task(prod.run())
-        await _until(lambda: client.of(P.WorkRequest))
+        await until(lambda: client.of(P.WorkRequest))
         await client.replies.put(P.Assignments([_assign(1)], 0))
-        await _until(lambda: engine.running)
+        await until(lambda: engine.running)
         prod.stop("SIGTERM")
         assert await asyncio.wait_for(task, 5) == 0
         assert [r.round_id for r in client.of(P.RoundResult)] == [1]
@@ -301,9 +211,9 @@ def test_worker_reports_a_rejected_prompt_and_exits_1_when_the_engine_dies():
         engine, client = BrokenEngine(), FakeClient()
         prod = _producer(engine, client)
         task = asyncio.create_task(prod.run())
-        await _until(lambda: client.of(P.WorkRequest))
+        await until(lambda: client.of(P.WorkRequest))
         await client.replies.put(P.Assignments([_assign(1, prompt="too long")], 0))
-        await _until(lambda: client.of(P.RoundResult))
+        await until(lambda: client.of(P.RoundResult))
         assert client.of(P.RoundResult)[0].samples == [] and not task.done()
         await client.replies.put(P.Assignments([_assign(2)], 0))
         assert await asyncio.wait_for(task, 5) == 1
@@ -317,19 +227,19 @@ def test_worker_streams_samples_as_they_finish_batched_per_flush():
         engine, client = FakeEngine(delay_s=0.2), FakeClient()
         prod = _producer(engine, client)
         task = asyncio.create_task(prod.run())
-        await _until(lambda: client.of(P.WorkRequest))
+        await until(lambda: client.of(P.WorkRequest))
         streamed = P.RoundAssignment(1, 10, "1+6=", "7", 4, 60.0, stream=True)
         await client.replies.put(P.Assignments([streamed, _assign(2)], 0))
-        await _until(lambda: sum(len(p.samples) for m in client.of(P.SampleResults) for p in m.rounds) == 4)
+        await until(lambda: sum(len(p.samples) for m in client.of(P.SampleResults) for p in m.rounds) == 4)
         parts = [p for m in client.of(P.SampleResults) for p in m.rounds]
         assert len(client.of(P.SampleResults)) >= 2  # sent as they finished, not at the end
         assert all(p.round_id == 1 and p.prompt_id == 10 and p.num_aborted == 0 for p in parts)
         assert all(p.prompt_token_ids.tolist() == [1, 5] for p in parts)  # each part can be checked on its own
         assert [i for p in parts for i in p.indices] == [0, 1, 2, 3]
         assert [s.reward for p in parts for s in p.samples] == [1.0, 0.0, 0.0, 0.0]
-        await _until(lambda: client.of(P.RoundResult))
+        await until(lambda: client.of(P.RoundResult))
         assert [r.round_id for r in client.of(P.RoundResult)] == [2]  # a round that does not stream: whole
-        await _until(lambda: any(h.stats["rounds_done"] == 2 for h in client.of(P.Heartbeat)))
+        await until(lambda: any(h.stats["rounds_done"] == 2 for h in client.of(P.Heartbeat)))
         prod.stop("test")
         assert await asyncio.wait_for(task, 5) == 0
 
@@ -341,12 +251,12 @@ def test_worker_reports_what_an_abort_cut_of_a_streamed_round():
         engine, client = FakeEngine(delay_s=0.4), FakeClient()
         prod = _producer(engine, client)
         task = asyncio.create_task(prod.run())
-        await _until(lambda: client.of(P.WorkRequest))
+        await until(lambda: client.of(P.WorkRequest))
         await client.replies.put(P.Assignments([P.RoundAssignment(1, 10, "1+6=", "7", 4, 60.0, stream=True)], 0))
-        await _until(lambda: client.of(P.SampleResults))  # sample 0 is out
+        await until(lambda: client.of(P.SampleResults))  # sample 0 is out
         await client.control.put(P.Abort([1], "prompt exited"))
-        await _until(lambda: prod.counts["rounds_aborted"] == 1)
-        await _until(lambda: any(p.num_aborted for m in client.of(P.SampleResults) for p in m.rounds))
+        await until(lambda: prod.counts["rounds_aborted"] == 1)
+        await until(lambda: any(p.num_aborted for m in client.of(P.SampleResults) for p in m.rounds))
         parts = [p for m in client.of(P.SampleResults) for p in m.rounds]
         sent = [i for p in parts for i in p.indices]
         cut = sum(p.num_aborted for p in parts)
@@ -365,28 +275,13 @@ PROMPT = "12+34="
 PROMPT_IDS = [1, 21, 22, 15, 23, 24, 33]  # <s> + one token per character
 
 
-def _save_model(out: Path, seed: int) -> Path:
-    import torch
-
-    from pipeline.tiny_model import make_model, make_tokenizer
-
-    torch.manual_seed(seed)
-    tok = make_tokenizer()
-    model = make_model(len(tok))
-    with torch.no_grad():
-        model.lm_head.weight.mul_(SHARPEN)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """Two tiny Llamas of the same shape with different weights (seeds 0 and 1), and their HF twins."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     root = tmp_path_factory.mktemp("models")
-    paths = [_save_model(root / f"m{seed}", seed) for seed in (0, 1)]
+    paths = [save_sharpened_tiny(root / f"m{seed}", seed, SHARPEN) for seed in (0, 1)]
     hf = [AutoModelForCausalLM.from_pretrained(p, dtype="float32").eval() for p in paths]
     return paths, hf, AutoTokenizer.from_pretrained(paths[0])
 
@@ -430,62 +325,6 @@ class LoopThread:
         self.thread.join(10)
 
 
-class ScriptedBuffer:
-    """The buffer's two sockets, driven by the test: answers WorkRequests from `todo`, records the rest."""
-
-    def __init__(self):
-        import zmq
-
-        self.ctx = zmq.Context()
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.port = self.router.bind_to_random_port("tcp://127.0.0.1")
-        self.pub = self.ctx.socket(zmq.PUB)
-        self.control_port = self.pub.bind_to_random_port("tcp://127.0.0.1")
-        self.dec, self.enc = P.Decoder(P.ToBuffer), P.Encoder()
-        self.todo: list[P.RoundAssignment] = []
-        self.requests: list[P.WorkRequest] = []
-        self.beats: list[P.Heartbeat] = []
-        self.results: dict[int, list[P.RoundResult]] = {}
-
-    def pump(self, timeout_s: float) -> None:
-        """Serve the producer for `timeout_s` seconds."""
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            if not self.router.poll(int(left * 1000) + 1):
-                continue
-            ident, *frames = self.router.recv_multipart()
-            msg = self.dec.decode(frames)
-            if isinstance(msg, P.WorkRequest):
-                self.requests.append(msg)
-                reply = self.assign(msg)
-                if not reply.rounds:
-                    time.sleep(0.05)  # a short long-poll
-                self.router.send_multipart([ident] + self.enc.encode(reply))
-            elif isinstance(msg, P.Heartbeat):
-                self.beats.append(msg)
-            elif isinstance(msg, P.RoundResult):
-                self.results.setdefault(msg.round_id, []).append(msg)
-
-    def assign(self, msg: P.WorkRequest) -> P.Assignments:
-        """The reply to a WorkRequest: the next rounds of `todo`."""
-        rounds, self.todo = self.todo[: msg.max_rounds], self.todo[msg.max_rounds:]
-        return P.Assignments(rounds, 0)
-
-    def wait(self, cond, timeout_s: float, what: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not cond():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            self.pump(0.1)
-
-    def publish(self, msg) -> None:
-        self.pub.send_multipart(self.enc.encode(msg))
-
-    def close(self):
-        self.router.close(0)
-        self.pub.close(0)
-        self.ctx.term()
-
-
 def _engine_env() -> dict[str, str]:
     # VLLM_CPU_CI_ENV skips the engine's warm-up pass (a few seconds per start on a small CPU)
     return {"VLLM_CPU_CI_ENV": "1"}
@@ -494,7 +333,7 @@ def _engine_env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def producer_proc(models):
     """A producer process (`python -m pipeline.producer.main`) connected to a scripted buffer."""
-    buf = ScriptedBuffer()
+    buf = ProducerBuffer()
     log = open(models[0][0].parent / "producer.log", "w")
     cmd = [sys.executable, "-m", "pipeline.producer.main", "--connect", f"127.0.0.1:{buf.port}",
            "--control-port", str(buf.control_port), "--id", "p-test", "--model", str(models[0][0]),

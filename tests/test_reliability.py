@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from bench.scripted import (
+from pipeline.testing.processes import (
     buffer_command,
     buffer_metrics,
     prompts_accounted,

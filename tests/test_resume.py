@@ -13,8 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-from learner_worker import make_groups, make_tiny_model
-from test_learner import ScriptedBuffer, _main_args
 
 from pipeline import protocol as P
 from pipeline.config import ConfigError, load_config
@@ -26,6 +24,8 @@ from pipeline.jsonl import JsonlTail, keep_rows, read_rows
 from pipeline.supervisor.main import main as train_main
 from pipeline.supervisor.plan import prepare_run_dir
 from pipeline.supervisor.procs import Child
+from pipeline.testing.doubles import LearnerBuffer
+from pipeline.testing.learner import main_args, make_groups, make_tiny_model
 from pipeline.transport import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def learner_setup(tmp_path_factory):
-    """A tiny random Llama (learner_worker) and fixed groups of its own log-probs."""
+    """A tiny random Llama (pipeline.testing.learner) and fixed groups of its own log-probs."""
     model = make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
     return model, make_groups(model)
 
@@ -42,7 +42,7 @@ def steps(run: Path) -> list[int]:
     return [r["step"] for r in read_rows(run / "metrics.jsonl")]
 
 
-def kill_when(buf: ScriptedBuffer, ready, sig: int = signal.SIGTERM) -> threading.Thread:
+def kill_when(buf: LearnerBuffer, ready, sig: int = signal.SIGTERM) -> threading.Thread:
     """Send `sig` to this process once `ready(messages the buffer received)` holds."""
     def watch():
         while not buf.stop.is_set():
@@ -60,11 +60,11 @@ def kill_when(buf: ScriptedBuffer, ready, sig: int = signal.SIGTERM) -> threadin
 
 def test_learner_stopped_while_waiting_checkpoints_and_resumes_without_gaps(learner_setup, tmp_path, capsys):
     tiny, groups = learner_setup
-    buf = ScriptedBuffer([groups, groups])  # two batches, then the learner waits for a third
+    buf = LearnerBuffer([groups, groups])  # two batches, then the learner waits for a third
     kill_when(buf, lambda got: any(isinstance(m, P.BatchRequest) and m.learner_version == 2 for m in got))
     try:
-        rc = learner_main(_main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "5",
-                                     "--learner.checkpoint_every", "0", "--learner.batch_timeout_s", "30"))
+        rc = learner_main(main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "5",
+                                    "--learner.checkpoint_every", "0", "--learner.batch_timeout_s", "30"))
     finally:
         buf.close()
     assert rc == 128 + signal.SIGTERM
@@ -75,9 +75,9 @@ def test_learner_stopped_while_waiting_checkpoints_and_resumes_without_gaps(lear
     assert not any(isinstance(m, P.Shutdown) for m in buf.received)  # a stopped learner does not end the run
     assert "checkpoint " in capsys.readouterr().out
 
-    buf = ScriptedBuffer([groups] * 3, version=2)  # a buffer resumed from its snapshot at the same version
+    buf = LearnerBuffer([groups] * 3, version=2)  # a buffer resumed from its snapshot at the same version
     try:
-        rc = learner_main(_main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "5", "--resume"))
+        rc = learner_main(main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "5", "--resume"))
     finally:
         buf.close()
     assert rc == 0
@@ -95,9 +95,9 @@ def test_a_signal_during_a_step_lets_it_finish_and_checkpoint(learner_setup, tmp
         return train_step(self, batch_groups)
 
     monkeypatch.setattr(Learner, "train_step", signalled_on_second_step)
-    buf = ScriptedBuffer([groups] * 4)
+    buf = LearnerBuffer([groups] * 4)
     try:
-        rc = learner_main(_main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "4"))
+        rc = learner_main(main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "4"))
     finally:
         buf.close()
     assert rc == 128 + signal.SIGINT
@@ -115,25 +115,25 @@ def killed_after(metrics: Path, *versions: int) -> None:
 
 def test_resume_drops_rows_past_the_checkpoint(learner_setup, tmp_path):
     tiny, groups = learner_setup
-    buf = ScriptedBuffer([groups, groups])
+    buf = LearnerBuffer([groups, groups])
     try:
-        assert learner_main(_main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "2")) == 0
+        assert learner_main(main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "2")) == 0
     finally:
         buf.close()
     metrics = tmp_path / "r" / "metrics.jsonl"
     killed_after(metrics, 3, 4)  # and the buffer died with it: its snapshot is at the checkpoint's version
-    buf = ScriptedBuffer([groups, groups], version=2)
+    buf = LearnerBuffer([groups, groups], version=2)
     try:
-        assert learner_main(_main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "4", "--resume")) == 0
+        assert learner_main(main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "4", "--resume")) == 0
     finally:
         buf.close()
     rows = read_rows(metrics)
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and all("loss" in r for r in rows)  # 3 and 4 trained again
 
     killed_after(metrics, 5, 6)  # the buffer lived on at version 6: versions go on above it, never back
-    buf = ScriptedBuffer([groups], version=6)
+    buf = LearnerBuffer([groups], version=6)
     try:
-        assert learner_main(_main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "8", "--resume")) == 0
+        assert learner_main(main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "8", "--resume")) == 0
     finally:
         buf.close()
     assert steps(tmp_path / "r") == [1, 2, 3, 4, 8]
@@ -146,14 +146,14 @@ def test_learner_ranks_under_torchrun_stop_together_and_resume(learner_setup, tm
     on): rank 0 ends its wait, tells rank 1, and both write the checkpoint before they exit."""
     tiny, groups = learner_setup
 
-    def torchrun(buf: ScriptedBuffer, *extra: str) -> Child:
+    def torchrun(buf: LearnerBuffer, *extra: str) -> Child:
         cmd = [str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2", "--master-port",
-               str(free_port()), "-m", "pipeline.consumer.main", *_main_args(tiny, tmp_path, buf.port, *extra)]
+               str(free_port()), "-m", "pipeline.consumer.main", *main_args(tiny, tmp_path, buf.port, *extra)]
         child = Child("learner", "learner", cmd, tmp_path, {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
         child.start()
         return child
 
-    buf = ScriptedBuffer([groups, groups])
+    buf = LearnerBuffer([groups, groups])
     try:
         child = torchrun(buf, "--learner.num_steps", "5", "--learner.checkpoint_every", "0")
         end = time.monotonic() + 120
@@ -168,7 +168,7 @@ def test_learner_ranks_under_torchrun_stop_together_and_resume(learner_setup, tm
     assert (tmp_path / "r" / "checkpoints" / "latest").read_text() == "step_000002", child.tail()
     assert steps(tmp_path / "r") == [1, 2]
     assert "stopped by SIGTERM at version 2: checkpointing" in child.log_path.read_text()  # rank 0 says so
-    buf = ScriptedBuffer([groups] * 2, version=2)
+    buf = LearnerBuffer([groups] * 2, version=2)
     try:
         child = torchrun(buf, "--learner.num_steps", "4", "--resume")
         assert child.proc.wait(120) == 0, child.tail()

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import zmq
 
-from bench.scripted import buffer_command, start, wait_for_buffer
 from pipeline import protocol as P
 from pipeline.auth import LEARNER, PRODUCER, create_token, learner_token_path
 from pipeline.buffer.checks import check_message, out_of_vocab, role_problem
 from pipeline.buffer.main import read_vocab_size
 from pipeline.buffer.service import max_frames
 from pipeline.config import load_config
+from pipeline.testing.processes import buffer_command, start, wait_for_buffer
 from pipeline.transport import (
     AsyncBufferClient,
     BufferClient,

@@ -12,14 +12,14 @@ import time
 
 import numpy as np
 import pytest
-from learner_worker import make_groups, make_tiny_model
-from test_learner import ScriptedBuffer, _main_args
 
 from pipeline import protocol as P
 from pipeline.config import load_config
 from pipeline.consumer import main as learner_module
 from pipeline.consumer import runlog as runlog_module
 from pipeline.consumer.runlog import RunLog
+from pipeline.testing.doubles import LearnerBuffer
+from pipeline.testing.learner import main_args, make_groups, make_tiny_model
 from pipeline.trackers import EVAL_AXIS, TABLE_COLUMNS, TrackerError, Trackers, check_trackers, open_trackers
 
 EVAL_ROW = {"version": 2, "accuracy": 0.5, "pass_at_k": 0.75, "k": 4, "problems": 3, "failed": 0, "seconds": 1.0,
@@ -51,7 +51,7 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def learner_setup(tmp_path_factory):
-    """A tiny random Llama (learner_worker) and fixed groups of its own log-probs."""
+    """A tiny random Llama (pipeline.testing.learner) and fixed groups of its own log-probs."""
     model = make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
     return model, make_groups(model)
 
@@ -116,7 +116,7 @@ def test_the_learner_passes_steps_tables_and_the_final_evaluation(learner_setup,
     recorder = Recorder()
     monkeypatch.setattr(learner_module, "check_trackers", lambda names: None)
     monkeypatch.setattr(runlog_module, "open_trackers", lambda *a: Trackers([recorder]))
-    buf = ScriptedBuffer([groups, groups])
+    buf = LearnerBuffer([groups, groups])
     run = tmp_path / "r"
 
     def buffer_writes_the_final_evaluation():
@@ -128,9 +128,9 @@ def test_the_learner_passes_steps_tables_and_the_final_evaluation(learner_setup,
 
     threading.Thread(target=buffer_writes_the_final_evaluation, daemon=True).start()
     try:
-        rc = learner_module.main(_main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "2",
-                                            "--run.trackers", '["tensorboard"]', "--run.samples_every", "1",
-                                            "--learner.eval_every", "2"))
+        rc = learner_module.main(main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "2",
+                                           "--run.trackers", '["tensorboard"]', "--run.samples_every", "1",
+                                           "--learner.eval_every", "2"))
     finally:
         buf.close()
     assert rc == 0

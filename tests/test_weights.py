@@ -19,11 +19,11 @@ import torch
 
 from pipeline import protocol as P
 from pipeline.config import load_config
+from pipeline.testing.doubles import FakeClient, FakeEngine, FakePool, until
 from pipeline.weights import uri_problem, version_problem
 from pipeline.weights.dist_plan import ALIGN, Plan, layout, pack, unpack
 from pipeline.weights.file import FileLoader, FilePublisher, iter_file
 from pipeline.weights.uris import dist_uri, file_uri_problem, parse_dist_uri, weights_path
-from tests.test_producer import FakeClient, FakeEngine, FakePool, _until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -124,14 +124,14 @@ def test_producer_refuses_counts_and_retries_weights():
 
         prod = Producer(cfg, client, engine, FakePool(), "p0", heartbeat_s=0.05)
         task = asyncio.create_task(prod.run())
-        await _until(lambda: client.of(P.WorkRequest))
+        await until(lambda: client.of(P.WorkRequest))
         bad = [P.WeightAnnouncement(2, "/etc/v000002.safetensors", 1),  # not in the weights directory
                P.WeightAnnouncement(2, "/dev/shm/w/v000001.safetensors", 1),  # not the file of its version
                P.WeightAnnouncement(9, "/dev/shm/w/v000009.safetensors", 1)]  # beyond the learner's version + 1
         for w in bad:
             await client.control.put(P.VersionUpdate(2, w))
             await asyncio.sleep(0.05)
-        await _until(lambda: client.of(P.Heartbeat) and client.of(P.Heartbeat)[-1].stats["weight_load_refused"] == 3)
+        await until(lambda: client.of(P.Heartbeat) and client.of(P.Heartbeat)[-1].stats["weight_load_refused"] == 3)
         assert engine.loads == [] and engine.version == 0
         failing = [True]
 
@@ -144,7 +144,7 @@ def test_producer_refuses_counts_and_retries_weights():
 
         engine.load_weights = flaky_load
         await client.control.put(P.VersionUpdate(2, P.WeightAnnouncement(2, "/dev/shm/w/v000002.safetensors", 1)))
-        await _until(lambda: engine.version == 2, timeout=10.0)  # tried again after RETRY_S
+        await until(lambda: engine.version == 2, timeout=10.0)  # tried again after RETRY_S
         prod.stop("test")
         assert await asyncio.wait_for(task, 5) == 0
         beat = client.of(P.Heartbeat)[-1]

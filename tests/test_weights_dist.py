@@ -23,8 +23,8 @@ import torch
 
 from pipeline import protocol as P
 from pipeline.config import load_config
+from pipeline.testing.doubles import ProducerBuffer
 from tests.support.slow_weights import MARK
-from tests.test_producer import ScriptedBuffer
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ DIST = ["--weights.transport", "dist", "--weights.bucket_mb", "1", "--weights.di
         "--weights.dist_wait_s", "3"]
 
 
-class RelayBuffer(ScriptedBuffer):
+class RelayBuffer(ProducerBuffer):
     """A scripted buffer that knows the learner's version and newest announcement, as the real one does: a producer
     whose WorkRequest reports older weights gets the announcement with its reply; rounds go to the producer named."""
 
