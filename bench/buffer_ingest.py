@@ -12,6 +12,7 @@ the very same frames from a PUSH to a PULL that only receives them.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import subprocess
@@ -147,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "buffer_ingest.md").write_text(text + "\n")
+    numbers = {"samples": samples, "tokens": args.tokens, "raw_samples_per_s": raw_rate,
+               "buffer_samples_per_s": buf_rate}
+    (RESULTS / "buffer_ingest.json").write_text(json.dumps(numbers, indent=1) + "\n")  # read by bench.throughput
     return 0
 
 

@@ -8,12 +8,13 @@ Throughput: the same random Llama and the same batch of groups go through
     at every position), backward, grad clip, AdamW step,
 interleaved rep by rep after a warm-up; the report gives median tokens/s and their ratio (target >= 0.9).
 Publish: `state_dict_for_publish` + `publish_weights` into /dev/shm vs copying the same bytes in memory.
-Writes bench/results/learner.md.
+Writes bench/results/learner.md (and its numbers to learner.json).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -183,6 +184,11 @@ def main(argv=None) -> int:
     text = "\n".join(lines) + "\n"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
+    runners = {name: {"tokens_per_s": r["tokens"] / w[name], "wall_s": w[name], "ratio_wall": best_w / w[name],
+                      "cpu_s": c[name], "ratio_cpu": best_c / c[name]} for name in w}
+    publish = {"bench model fp32": pub_model, "synthetic 16 x 4096^2 bf16": pub_big}
+    Path(args.out).with_suffix(".json").write_text(  # read by bench.throughput
+        json.dumps({"tokens": r["tokens"], "runners": runners, "publish": publish}, indent=1) + "\n")
     print(text)
     print(f"ratio learner / plain = {best_w / w['learner']:.2f} (wall), {best_c / c['learner']:.2f} (CPU time)")
     return 0

@@ -12,13 +12,15 @@ seed per round) go through
 interleaved rep by rep (order alternating) after one warm-up each; the report gives median generated tokens/s
 and the median of the per-rep ratios (target >= 0.9). Weight load: `Engine.load_weights` of the model's own
 safetensors file, in place (file read + copy into the parameters + prefix-cache reset), median of --loads.
-Writes bench/results/producer.md. Without --model it builds a random tiny Llama (the tiny model's shape).
+Writes bench/results/producer.md (and its numbers to producer.json). Without --model it builds a random tiny
+Llama (the tiny model's shape).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import statistics
@@ -33,8 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def describe(model_dir: str, name: str) -> str:
-    import json
-
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     size = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
     return (f"{name} (hidden {cfg.get('hidden_size')}, {cfg.get('num_hidden_layers')} layers, vocab "
@@ -129,6 +129,18 @@ async def bench(args) -> dict:
     return dict(rows=rows, loads=loads, start_s=start_s, weights_mib=weights.stat().st_size / 2**20)
 
 
+def numbers(out: dict) -> dict:
+    """The report's headline numbers (median tokens/s of each path, the median paired ratio, weight loads)."""
+    rate = {k: [r[k][0] / r[k][1] for r in out["rows"]] for k in ("producer", "offline", "async_raw")}
+    loads_ms = [1000 * t for t in out["loads"]]
+    return {"producer_tokens_per_s": statistics.median(rate["producer"]),
+            "offline_tokens_per_s": statistics.median(rate["offline"]),
+            "async_raw_tokens_per_s": statistics.median(rate["async_raw"]),
+            "ratio": statistics.median(p / o for p, o in zip(rate["producer"], rate["offline"])),
+            "load": {"mib": out["weights_mib"], "ms": statistics.median(loads_ms), "loads": len(loads_ms),
+                     "min_ms": min(loads_ms), "max_ms": max(loads_ms)}}
+
+
 def report(args, out: dict) -> tuple[str, float]:
     rate = {k: [r[k][0] / r[k][1] for r in out["rows"]] for k in ("producer", "offline", "async_raw")}
     prod, off, raw = rate["producer"], rate["offline"], rate["async_raw"]
@@ -187,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     text, ratio = report(args, out)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
+    Path(args.out).with_suffix(".json").write_text(json.dumps(numbers(out), indent=1) + "\n")  # bench.throughput
     print(text)
     print(f"ratio producer / offline: {ratio:.2f}")
     return 0

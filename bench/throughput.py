@@ -1,7 +1,7 @@
 """The pipeline's speed against plain baselines, in one table: `python -m bench.throughput [--quick]`.
 
 Runs, one after another as subprocesses with modest settings, the component benchmarks that each measure their own
-side-by-side ratio in the same run, then reads the numbers back from the markdown each writes under bench/results/:
+side-by-side ratio in the same run, then reads the numbers back from the JSON each writes under bench/results/:
   - bench.buffer_ingest: buffer service samples/s vs raw ZeroMQ PUSH/PULL of the same frames;
   - bench.producer: producer tokens/s vs vLLM's offline LLM.generate, and the in-place weight load time;
   - bench.learner: learner tokens/s vs a plain transformers step, weight publish vs memcpy.
@@ -12,8 +12,8 @@ file into preallocated memory), measured here. Writes bench/results/throughput.m
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -26,61 +26,42 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
-# (name, module, arguments, arguments under --quick, markdown it writes)
+# (name, module, arguments, arguments under --quick, the JSON of its numbers it writes)
 BENCHES = [
     ("buffer ingest", "bench.buffer_ingest", ["--rounds", "1000", "--repeats", "3"],
-     ["--rounds", "500", "--repeats", "1"], "buffer_ingest.md"),
+     ["--rounds", "500", "--repeats", "1"], "buffer_ingest.json"),
     ("producer", "bench.producer", ["--prompts", "48", "--reps", "5", "--loads", "10"],
-     ["--prompts", "24", "--reps", "3", "--loads", "5"], "producer.md"),
-    ("learner", "bench.learner", ["--reps", "3"], ["--reps", "2"], "learner.md"),
+     ["--prompts", "24", "--reps", "3", "--loads", "5"], "producer.json"),
+    ("learner", "bench.learner", ["--reps", "3"], ["--reps", "2"], "learner.json"),
 ]
 
 
-def _num(text: str) -> float:
-    return float(text.replace(",", "").replace("*", "").strip())
-
-
-def _row(md: str, first_cell: str) -> list[str]:
-    """The cells of the markdown table row whose first cell is `first_cell` (bold marks removed)."""
-    for line in md.splitlines():
-        cells = [c.strip().replace("*", "") for c in line.strip().strip("|").split("|")]
-        if line.startswith("|") and cells[0] == first_cell:
-            return cells
-    raise ValueError(f"no table row '{first_cell}' in the benchmark's markdown: was its format changed?")
-
-
-def parse_buffer(md: str) -> list[tuple]:
-    raw = _num(_row(md, "raw ZeroMQ PUSH/PULL, same frames")[1])
-    ours = _num(_row(md, "buffer service (decode, validate, schedule, pool)")[1])
+def parse_buffer(d: dict) -> list[tuple]:
+    raw, ours = d["raw_samples_per_s"], d["buffer_samples_per_s"]
     return [("buffer ingest (samples/s)", ours, "raw ZeroMQ PUSH/PULL, same frames", raw, ours / raw)]
 
 
-def parse_producer(md: str) -> tuple[list[tuple], dict]:
-    cells = _row(md, "median")
-    rows = [("producer generation (tokens/s)", _num(cells[1]), "vLLM offline LLM.generate", _num(cells[2]),
-             _num(cells[4]))]
-    m = re.search(r"\(`Engine.load_weights`, ([\d.]+) MiB safetensors.*?median ([\d.]+) ms over (\d+) loads "
-                  r"\(min ([\d.]+), max ([\d.]+)\)", md, re.S)
-    load = {"mib": float(m[1]), "ms": float(m[2]), "loads": int(m[3]), "min_ms": float(m[4]),
-            "max_ms": float(m[5])} if m else {}
-    return rows, load
+def parse_producer(d: dict) -> tuple[list[tuple], dict]:
+    rows = [("producer generation (tokens/s)", d["producer_tokens_per_s"], "vLLM offline LLM.generate",
+             d["offline_tokens_per_s"], d["ratio"])]
+    return rows, d["load"]
 
 
-def parse_learner(md: str) -> list[tuple]:
-    best_plain = max(_num(_row(md, "plain_masked")[1]), _num(_row(md, "plain_nomask")[1]))
+def parse_learner(d: dict) -> list[tuple]:
+    runners = d["runners"]
+    best_plain = max(runners["plain_masked"]["tokens_per_s"], runners["plain_nomask"]["tokens_per_s"])
     rows = []
     for name, label in (("learner", "learner step (tokens/s, wall)"),
                         ("learner_micro4096", "learner step, micro_batch_tokens 4096 (tokens/s, wall)")):
-        cells = _row(md, name)
-        rows.append((label + f"; CPU-time ratio {cells[5]}", _num(cells[1]),
-                     "plain transformers step (faster of masked / no mask)", best_plain, _num(cells[3])))
+        r = runners[name]
+        rows.append((label + f"; CPU-time ratio {r['ratio_cpu']:.2f}", r["tokens_per_s"],
+                     "plain transformers step (faster of masked / no mask)", best_plain, r["ratio_wall"]))
     for name, label in (("bench model fp32", "weight publish, bench model fp32"),
                         ("synthetic 16 x 4096^2 bf16", "weight publish, 512 MiB bf16")):
-        cells = _row(md, name)
-        pub, pre, fresh = _num(cells[3]), _num(cells[4]), _num(cells[5])
-        rows.append((f"{label} ({_num(cells[1]):.0f} MiB, MiB/s)", pub, "copy into new memory", fresh, pub / fresh))
-        rows.append((f"{label} ({_num(cells[1]):.0f} MiB, MiB/s)", pub, "memcpy into preallocated memory", pre,
-                     pub / pre))
+        p = d["publish"][name]
+        pub, pre, fresh = p["publish_mbs"], p["memcpy_mbs"], p["fresh_mbs"]
+        rows.append((f"{label} ({p['mb']:.0f} MiB, MiB/s)", pub, "copy into new memory", fresh, pub / fresh))
+        rows.append((f"{label} ({p['mb']:.0f} MiB, MiB/s)", pub, "memcpy into preallocated memory", pre, pub / pre))
     return rows
 
 
@@ -132,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.monotonic()
     rows: list[tuple] = []
     lines_run, failures, load = [], [], {}
-    for name, module, full, quick, md_name in BENCHES:
+    for name, module, full, quick, json_name in BENCHES:
         bench_args = quick if args.quick else full
         cmd = f"python -m {module} {' '.join(bench_args)}"
         print(f"--- {name}: {cmd}", flush=True)
@@ -143,22 +124,24 @@ def main(argv: list[str] | None = None) -> int:
             failures.append((name, code, tail))
             print(tail, flush=True)
             continue
-        md = (RESULTS / md_name).read_text()
         try:
+            numbers = json.loads((RESULTS / json_name).read_text())
             if module == "bench.buffer_ingest":
-                rows += parse_buffer(md)
+                rows += parse_buffer(numbers)
             elif module == "bench.producer":
-                prod_rows, load = parse_producer(md)
+                prod_rows, load = parse_producer(numbers)
                 rows += prod_rows
             else:
-                rows += parse_learner(md)
-        except ValueError as exc:
-            failures.append((name, "unparsed", str(exc)))
+                rows += parse_learner(numbers)
+        except (OSError, ValueError) as exc:
+            failures.append((name, "unread", f"{json_name}: {exc}"))
+        except KeyError as exc:
+            failures.append((name, "unparsed", f"{json_name} lacks {exc}: was its format changed?"))
     if load:
         base = copy_baselines(load["mib"])
-        rows.append((f"producer in-place weight load ({load['mib']} MiB, ms; lower is better)", load["ms"],
+        rows.append((f"producer in-place weight load ({load['mib']:.1f} MiB, ms; lower is better)", load["ms"],
                      "memcpy of the same bytes", base["memcpy_ms"], base["memcpy_ms"] / load["ms"]))
-        rows.append((f"producer in-place weight load ({load['mib']} MiB, ms; lower is better)", load["ms"],
+        rows.append((f"producer in-place weight load ({load['mib']:.1f} MiB, ms; lower is better)", load["ms"],
                      "read from a tmpfs file into preallocated memory", base["read_ms"], base["read_ms"] / load["ms"]))
     command = "python -m bench.throughput " + " ".join(sys.argv[1:] if argv is None else argv)
     total = time.monotonic() - t_all
@@ -175,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         text.append(f"| {comp} | {ours:{fmt}} | {base_name} | {base:{bfmt}} | {ratio:.2f} |" if ratio >= 0.1 else
                     f"| {comp} | {ours:{fmt}} | {base_name} | {base:{bfmt}} | {ratio:.3f} (1/{1 / ratio:.0f}) |")
     if load:
-        text += ["", f"Weight load: median of {load['loads']} in-place loads (min {load['min_ms']} ms, max "
-                 f"{load['max_ms']} ms) of the producer benchmark's model: file read, copy into the engine's "
+        text += ["", f"Weight load: median of {load['loads']} in-place loads (min {load['min_ms']:.1f} ms, max "
+                 f"{load['max_ms']:.1f} ms) of the producer benchmark's model: file read, copy into the engine's "
                  "parameters, prefix-cache reset, and the round trip through vLLM's engine-core process. The "
                  "baselines copy the same number of bytes in this process (median of 50)."]
     for name, code, tail in failures:
