@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.train_throughput [--steps 12] [--max-new-tokens 48] [--prompts 400]
 
-The model has the realistic test model's shape and tokenizer (tests/support/realistic_model.py: BPE 8k
+The model has the realistic test model's shape and tokenizer (pipeline/testing/realistic_model.py: BPE 8k
 vocabulary, chat template, tied embeddings, GQA) and the prompts are 50-500 tokens long. Two parts, one run:
 
 1. Generation throughput, generation-bound as a real run is (a 1.5B model decodes 2048 tokens per sample):
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=4, help="samples per prompt offline (= sampling.group_size, GRPO's n)")
     p.add_argument("--out", default=str(RESULTS / "train_throughput"))
     args = p.parse_args(argv)
-    from tests.support.realistic_model import ensure_realistic_model, save_untrained, write_problems
+    from pipeline.testing.realistic_model import ensure_realistic_model, save_untrained, write_problems
 
     trained = ensure_realistic_model()
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,7 +9,7 @@ weights being in the receivers' tensors:
   - file:   `publish_weights` into /dev/shm (write, fsync, rename) and the producer-side read of the file into
             preallocated tensors (what the file transport costs on one machine);
   - dist:   `DistPublisher.publish` (packing a copy into buckets) and the gloo broadcast to 1 and to `--members`
-            receiver processes (tests/support/weight_member.py: the real DistLoader and worker-side receive, copying
+            receiver processes (pipeline/testing/weight_member.py: the real DistLoader and worker-side receive, copying
             into preallocated tensors, as an engine does), until the last receiver has its copy.
 Writes bench/results/weights.json and weights.md with medians and their ratios to memcpy, measured side by side.
 """
@@ -68,7 +68,7 @@ class Members:
 
     def __init__(self, count: int, overrides: list[str]) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        self.procs = [subprocess.Popen([sys.executable, "-m", "tests.support.weight_member", f"bench{i}", "--timing",
+        self.procs = [subprocess.Popen([sys.executable, "-m", "pipeline.testing.weight_member", f"bench{i}", "--timing",
                                         "--", *overrides], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        stderr=subprocess.DEVNULL, text=True, env=env) for i in range(count)]
 

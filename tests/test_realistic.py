@@ -1,4 +1,4 @@
-"""The pipeline on a model of realistic shape (tests/support/realistic_model.py): a BPE tokenizer with an 8k
+"""The pipeline on a model of realistic shape (pipeline/testing/realistic_model.py): a BPE tokenizer with an 8k
 vocabulary, a chat template, tied embeddings, GQA, prompts of 50-500 tokens and hundreds of concurrent requests.
 The tiny character model never splits a prompt across engine steps nor fills a batch with long prompts; these
 tests exist because such bugs only show with real shapes."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.realistic_model import write_problems
+from pipeline.testing.realistic_model import write_problems
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).parents[1]

@@ -194,11 +194,11 @@ def test_dist_publisher_names_an_address_it_cannot_listen_on():
 
 
 class Member:
-    """A member process (tests/support/weight_member.py) driven line by line."""
+    """A member process (pipeline/testing/weight_member.py) driven line by line."""
 
     def __init__(self, name: str, overrides: list[str], slow: float = 0.0) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.weight_member", name, "--slow", str(slow), "--", *overrides],
+            [sys.executable, "-m", "pipeline.testing.weight_member", name, "--slow", str(slow), "--", *overrides],
             cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env={**os.environ, "PYTHONPATH": str(REPO)})
         self.lines: queue.Queue = queue.Queue()

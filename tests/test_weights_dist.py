@@ -95,8 +95,8 @@ def _max_error(model, results: list[P.RoundResult]) -> float:
 def test_dist_producers_match_the_learner_and_survive_a_kill_mid_broadcast(realistic_model_dir, tmp_path):
     from pipeline.consumer.backends.common import to_publish
     from pipeline.consumer.model import load_model
+    from pipeline.testing.realistic_model import write_problems
     from pipeline.weights.dist import DistPublisher
-    from tests.support.realistic_model import write_problems
 
     problems = [json.loads(line)["problem"] for line in
                 write_problems(tmp_path / "p.jsonl", 8, seed=1).read_text().splitlines()]

@@ -10,4 +10,6 @@ copies of each other's scaffolding.
     scripted.py   the scripted producer and learner (`python -m pipeline.testing.scripted producer|learner ...`)
     processes.py  buffer_command, scripted_command, start, wait_for_buffer, buffer_metrics, send_shutdown, ...
     doubles.py    LearnerBuffer, ProducerBuffer (buffer doubles on real sockets), FakeEngine, FakePool, FakeClient
+    realistic_model.py  the model of realistic shape (BPE tokenizer, chat template, tied embeddings), cached
+    weight_member.py    a dist weight-group member process without vLLM (`python -m pipeline.testing.weight_member`)
 """

@@ -1,7 +1,8 @@
-"""A member of a dist weight group without vLLM, for tests: the real DistLoader and the real worker-side receive
-(pipeline/weights/dist_receive.py), with a worker whose "model" is a dict of the tensors it received.
+"""A member of a dist weight group without vLLM, for tests and bench/weights.py: the real DistLoader and the real
+worker-side receive (pipeline/weights/dist_receive.py), with a worker whose "model" is a dict of the tensors it
+received.
 
-    python -m tests.support.weight_member NAME [--slow SECONDS] [--timing] -- CONFIG OVERRIDES...
+    python -m pipeline.testing.weight_member NAME [--slow SECONDS] [--timing] -- CONFIG OVERRIDES...
 
 Reads one announcement uri per line on stdin and loads it; prints one JSON line per load:
 {"ok": true, "version": v, "sums": {name: float64 sum}} or {"ok": false, "error": "..."}. With --slow, the
