@@ -84,7 +84,6 @@ def _encode(problem: str) -> list[int]:
 
 def _train_batch(rng: random.Random, batch_size: int, levels: tuple[int, ...], weights: tuple[float, ...]):
     """Input ids and labels (-100 outside the answer and EOS) for `batch_size` fresh problems."""
-    import torch
 
     seqs, starts = [], []
     for _ in range(batch_size):
@@ -92,9 +91,17 @@ def _train_batch(rng: random.Random, batch_size: int, levels: tuple[int, ...], w
         prompt = _encode(ex.problem)
         seqs.append(prompt + [len(SPECIAL_TOKENS) + CHARS.index(c) for c in ex.answer] + [EOS_ID])
         starts.append(len(prompt))
+    return completion_batch(seqs, starts, PAD_ID)
+
+
+def completion_batch(seqs: list[list[int]], starts: list[int], pad_id: int):
+    """Right-padded token ids [B, T] and labels [B, T] that are -100 everywhere but at each sequence's
+    completion (from its start index on): the batch of supervised completion training."""
+    import torch
+
     width = max(len(s) for s in seqs)
-    ids_BT = torch.full((batch_size, width), PAD_ID, dtype=torch.long)
-    labels_BT = torch.full((batch_size, width), -100, dtype=torch.long)
+    ids_BT = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    labels_BT = torch.full((len(seqs), width), -100, dtype=torch.long)
     for i, (seq, start) in enumerate(zip(seqs, starts)):
         ids_BT[i, : len(seq)] = torch.tensor(seq)
         labels_BT[i, start: len(seq)] = torch.tensor(seq[start:])

@@ -156,7 +156,7 @@ def completion(answer: str) -> str:
 
 
 def _batch(rng, pool, tokenizer, size: int, max_tokens: int):
-    import torch
+    from pipeline.tiny_model import completion_batch
 
     seqs, starts = [], []
     # mostly batches of short passages (cheap), one in eight of long ones, so long prompts are seen in training
@@ -168,14 +168,7 @@ def _batch(rng, pool, tokenizer, size: int, max_tokens: int):
         target_ids = tokenizer(completion(answer), add_special_tokens=False)["input_ids"]
         seqs.append(prompt + target_ids)
         starts.append(len(prompt))
-    width = max(len(s) for s in seqs)
-    pad = tokenizer.pad_token_id
-    ids = torch.full((size, width), pad, dtype=torch.long)
-    labels = torch.full((size, width), -100, dtype=torch.long)
-    for i, (seq, start) in enumerate(zip(seqs, starts)):
-        ids[i, : len(seq)] = torch.tensor(seq)
-        labels[i, start: len(seq)] = torch.tensor(seq[start:])
-    return ids, labels
+    return completion_batch(seqs, starts, tokenizer.pad_token_id)
 
 
 def _completion_loss(model, ids, labels):
