@@ -145,4 +145,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench import guard
+
+    guard.main(main)

@@ -245,4 +245,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from bench import guard
+
+    guard.main(main)
