@@ -5,8 +5,8 @@
 Throughput: the same model, prompts and sampling settings (T = 1, top_p = 1, sampled-token log-probs,
 seed per round) go through
   - the producer's engine wrapper (`pipeline.producer.engine.Engine` on vLLM's AsyncLLM), driven by rounds the
-    way the worker drives it: as many rounds in flight as `free_capacity()` allows, a new one as soon as room
-    frees up, one `generate_round` per prompt; and
+    way the worker drives it: as many rounds in flight as `free_samples()` has room for, a new one as soon as
+    room frees up, one `generate_round` per prompt; and
   - `vllm.LLM.generate` on all prompts at once (n = round size, the same per-round seeds, so both paths sample
     exactly the same tokens),
 interleaved rep by rep (order alternating) after one warm-up each; the report gives median generated tokens/s
@@ -24,11 +24,11 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench import guard
 from pipeline.testing.models import save_sharpened_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,11 +42,12 @@ def describe(model_dir: str, name: str) -> str:
 
 
 async def run_rounds(engine, assignments) -> tuple[int, float]:
-    """Generated tokens and wall seconds for `assignments`, kept in flight up to the engine's free capacity."""
+    """Generated tokens and wall seconds for `assignments`, kept in flight while the engine has room for a round
+    (`free_samples`, as the worker asks the buffer for work)."""
     pending, running, num_tokens = list(assignments), set(), 0
     start = time.perf_counter()
     while pending or running:
-        while pending and engine.free_capacity() > 0:
+        while pending and (engine.free_samples() >= pending[0].num_samples or not running):
             running.add(asyncio.create_task(engine.generate_round(pending.pop(0))))
             await asyncio.sleep(0)  # the round registers with the engine on its first step
         done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -72,24 +73,18 @@ def run_offline(llm, prompts, params) -> tuple[int, float]:
     return sum(len(c.token_ids) for o in outs for c in o.outputs), time.perf_counter() - start
 
 
-async def bench(args) -> dict:
-    from vllm import LLM, SamplingParams
+def _shutdown_offline(llm) -> None:
+    core = getattr(llm.llm_engine, "engine_core", None)
+    if core is not None:
+        core.shutdown()
 
-    from pipeline.config import EngineConfig, SamplingConfig
-    from pipeline.data import make_arithmetic
-    from pipeline.producer.engine import Engine, engine_kwargs, round_seed
+
+async def _measure(args, engine, llm, prompts: list[str]) -> list[dict]:
+    """Interleaved reps of the three paths after a warm-up each; per rep {path: (tokens, seconds)}."""
+    from vllm import SamplingParams
+
+    from pipeline.producer.engine import round_seed
     from pipeline.protocol import RoundAssignment
-
-    engine_cfg = EngineConfig(max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager)
-    sampling = SamplingConfig(round_size=args.round_size, max_new_tokens=args.max_new_tokens, temperature=1.0)
-    problems = make_arithmetic(args.prompts, seed=1)
-    prompts = [f"{ex.problem}=" for ex in problems]
-
-    t0 = time.perf_counter()
-    engine = await Engine.start(args.model, "float32", engine_cfg, sampling, seed=0)
-    start_s = time.perf_counter() - t0
-    kwargs = engine_kwargs(args.model, "float32", engine_cfg, 0)
-    llm = LLM(**kwargs)
 
     def assignments(base: int):
         return [RoundAssignment(base + i, i, p, "0", args.round_size, 600.0) for i, p in enumerate(prompts)]
@@ -119,13 +114,36 @@ async def bench(args) -> dict:
         rows.append(res)
         print(f"rep {rep}: " + ", ".join(f"{k} {n / t:.0f} tok/s ({n} tokens)" for k, (n, t) in res.items()),
               flush=True)
-    llm_shutdown = getattr(llm.llm_engine, "engine_core", None)
-    if llm_shutdown is not None:
-        llm_shutdown.shutdown()
+    return rows
 
-    weights = Path(args.model) / "model.safetensors"
-    loads = [await engine.load_weights(weights, v + 1) for v in range(args.loads)]
-    await engine.shutdown()
+
+async def bench(args) -> dict:
+    from vllm import LLM
+
+    from pipeline.config import EngineConfig, SamplingConfig
+    from pipeline.data import make_arithmetic
+    from pipeline.producer.engine import Engine, engine_kwargs
+
+    engine_cfg = EngineConfig(max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager)
+    sampling = SamplingConfig(round_size=args.round_size, max_new_tokens=args.max_new_tokens, temperature=1.0)
+    problems = make_arithmetic(args.prompts, seed=1)
+    prompts = [f"{ex.problem}=" for ex in problems]
+
+    t0 = time.perf_counter()
+    engine = await Engine.start(args.model, "float32", engine_cfg, sampling, seed=0)
+    llm = None
+    try:  # the engines' processes stop however the bench ends (bench.guard kills whatever is left)
+        start_s = time.perf_counter() - t0
+        llm = LLM(**engine_kwargs(args.model, "float32", engine_cfg, 0))
+        rows = await _measure(args, engine, llm, prompts)
+        _shutdown_offline(llm)
+        llm = None
+        weights = Path(args.model) / "model.safetensors"
+        loads = [await engine.load_weights(weights, v + 1) for v in range(args.loads)]
+    finally:
+        if llm is not None:
+            _shutdown_offline(llm)
+        await engine.shutdown()
     return dict(rows=rows, loads=loads, start_s=start_s, weights_mib=weights.stat().st_size / 2**20)
 
 
@@ -137,6 +155,8 @@ def numbers(out: dict) -> dict:
             "offline_tokens_per_s": statistics.median(rate["offline"]),
             "async_raw_tokens_per_s": statistics.median(rate["async_raw"]),
             "ratio": statistics.median(p / o for p, o in zip(rate["producer"], rate["offline"])),
+            "ratio_spread": {"min": min(p / o for p, o in zip(rate["producer"], rate["offline"])),
+                             "max": max(p / o for p, o in zip(rate["producer"], rate["offline"]))},
             "load": {"mib": out["weights_mib"], "ms": statistics.median(loads_ms), "loads": len(loads_ms),
                      "min_ms": min(loads_ms), "max_ms": max(loads_ms)}}
 
@@ -206,4 +226,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    guard.main(main)
