@@ -57,12 +57,14 @@ def generation_only(args, model_dir: str) -> float:
     port = free_port_pair()
     with tempfile.TemporaryDirectory() as tmp:
         procs = [_buffer(Path(tmp), port, args.batch, 1, model_dir)]
-        procs += _producers(port, args.producers, args.round_seconds, args.max_rounds)
-        out = Path(tmp) / "summary.json"
-        subprocess.run(scripted_command("learner", port, "--steps", str(args.steps), "--batch", str(args.batch),
-                                        "--out", str(out)), check=True, stdout=subprocess.DEVNULL)
-        summary = json.loads(out.read_text())
-        _stop(procs)
+        try:  # the buffer and producers stop however this ends
+            procs += _producers(port, args.producers, args.round_seconds, args.max_rounds)
+            out = Path(tmp) / "summary.json"
+            subprocess.run(scripted_command("learner", port, "--steps", str(args.steps), "--batch", str(args.batch),
+                                            "--out", str(out)), check=True, stdout=subprocess.DEVNULL)
+            summary = json.loads(out.read_text())
+        finally:
+            _stop(procs)
     return statistics.median(summary["step_seconds"][WARMUP:])
 
 
@@ -72,18 +74,27 @@ def with_learner(args, model_dir: str, staleness: int) -> tuple[float, float, fl
     port = free_port_pair()
     with tempfile.TemporaryDirectory() as tmp:
         procs = [_buffer(Path(tmp), port, args.batch, staleness, model_dir)]
-        procs += _producers(port, args.producers, args.round_seconds, args.max_rounds)
-        cmd = [sys.executable, "-m", "pipeline.cli", "learner", "--connect", f"127.0.0.1:{port}",
-               "--model", model_dir, "--learner.batch_prompts", str(args.batch), "--learner.mini_batches", "1",
-               "--learner.num_steps", str(args.steps), "--learner.checkpoint_every", "0", "--learner.lr", "1e-4",
-               "--learner.cpu_threads", "1", "--buffer.max_staleness", str(staleness), "--run.dir", tmp,
-               "--run.name", "bench", "--weights.dir", f"{tmp}/weights"]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        rows = [json.loads(line) for line in (Path(tmp) / "bench" / "metrics.jsonl").read_text().splitlines()]
-        _stop(procs)
+        try:  # the buffer and producers stop however this ends
+            procs += _producers(port, args.producers, args.round_seconds, args.max_rounds)
+            rows = _learner_rows(args, model_dir, staleness, port, tmp)
+        finally:
+            _stop(procs)
     step = statistics.median(_intervals([r["time"] for r in rows]))
     train = statistics.median([r["learner_seconds"] for r in rows][WARMUP:])
     return step, train, max(r["staleness_max"] for r in rows)
+
+
+def _learner_rows(args, model_dir: str, staleness: int, port: int, tmp: str) -> list[dict]:
+    """Run the real learner for args.steps steps against the buffer on `port`; its metrics rows."""
+    cmd = [sys.executable, "-m", "pipeline.cli", "learner", "--connect", f"127.0.0.1:{port}",
+           "--model", model_dir, "--learner.batch_prompts", str(args.batch), "--learner.mini_batches", "1",
+           "--learner.num_steps", str(args.steps), "--learner.checkpoint_every", "0", "--learner.lr", "1e-4",
+           "--learner.cpu_threads", "1", "--buffer.max_staleness", str(staleness), "--run.dir", tmp,
+           "--run.name", "bench", "--weights.dir", f"{tmp}/weights"]
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the learner exited with code {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return [json.loads(line) for line in (Path(tmp) / "bench" / "metrics.jsonl").read_text().splitlines()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--producers", type=int, default=2)
     parser.add_argument("--round-seconds", type=float, default=0.05, help="scripted engine time per assignment")
     parser.add_argument("--max-rounds", type=int, default=8, help="rounds a scripted producer runs at once")
+    parser.add_argument("--out", default=str(RESULTS / "pipeline.md"), help="where the table goes")
     args = parser.parse_args(argv)
     from pipeline.models import TINY_DIR
     from pipeline.tiny_model import ensure_tiny_model
@@ -123,10 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {k} | {step:.3f} | {ideal / step:.2f} | {(t_gen + t_train) / step:.2f} | {seen:.0f} |")
     text = "\n".join(lines)
     print(text)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "pipeline.md").write_text(text + "\n")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from bench import guard
+
+    guard.main(main)
