@@ -141,10 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--k", type=int, default=4, help="samples per prompt offline (= sampling.group_size, GRPO's n)")
     p.add_argument("--out", default=str(RESULTS / "train_throughput"))
+    p.add_argument("--smoke", action="store_true", help="one offline engine, one 1-producer run of 1 step, no "
+                   "time-to-first-step part (no trained model needed): checks that every path runs")
     args = p.parse_args(argv)
     from pipeline.testing.realistic_model import ensure_realistic_model, save_untrained, write_problems
 
-    trained = ensure_realistic_model()
+    counts = (1,) if args.smoke else (1, 2)
+    trained = None if args.smoke else ensure_realistic_model()
     with tempfile.TemporaryDirectory() as tmp:
         untrained = save_untrained(Path(tmp) / "untrained")
         data = write_problems(Path(tmp) / "addition.jsonl", args.prompts, seed=5)
@@ -152,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         grpo = ("--sampling.exit_rule", "fixed", "--buffer.unresolved", "keep")
         res = {"command": "python -m bench.train_throughput " + " ".join(argv or sys.argv[1:]),
                "prompts": args.prompts, "k": args.k, "max_new_tokens": args.max_new_tokens,
-               "offline": [offline(untrained, data, args.k, args.max_new_tokens, n) for n in (1, 2)],
-               "train": [train(untrained, data, runs, n, args.steps, args.max_new_tokens, *grpo) for n in (1, 2)],
-               "first_step": [train(trained, data, runs, n, 3, 48) for n in (1, 2)]}
+               "offline": [offline(untrained, data, args.k, args.max_new_tokens, n) for n in counts],
+               "train": [train(untrained, data, runs, n, args.steps, args.max_new_tokens, *grpo) for n in counts],
+               "first_step": [] if trained is None else [train(trained, data, runs, n, 3, 48) for n in counts]}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
@@ -165,4 +168,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from bench import guard
+
+    guard.main(main)
