@@ -5,8 +5,11 @@ Invariant (waste is counted exactly): every sample that reaches the buffer for a
 in samples_received (it arrived for a round in flight, each index once) or in samples_late / results_ignored;
 of the received ones, those that never joined a pool are samples_discarded; samples that never arrived are
 samples_cut (their round was cut by the exit rule) and producers report what they aborted in samples_aborted /
-tokens_aborted.
+tokens_aborted. The ledger of every generated sample and token by fate (ledger.py) counts with its own counters,
+declared there and added here.
 """
+
+from pipeline.buffer.ledger import COUNTERS as LEDGER_COUNTERS
 
 MAX_REJECTIONS = 3  # a prompt whose results are rejected this often is given up on (counted as unservable)
 COUNTERS = {  # every counter, declared once: metrics() reports each under its name
@@ -38,5 +41,6 @@ COUNTERS = {  # every counter, declared once: metrics() reports each under its n
     "samples_aborted": "samples producers report they aborted (cut, stale or expired rounds)",
     "tokens_aborted": "tokens those aborted samples had generated (wasted)",
     "deferred": "examples the allocation policy deferred to a later epoch",
+    **LEDGER_COUNTERS,
 }
 IGNORE_REASONS = ("duplicate", "late", "unknown")

@@ -10,7 +10,10 @@ Invariants:
 - a result whose values fail the edge checks (checks.py) is counted by reason and its round re-issued (the
   Scheduler gives its prompt up after repeated rejections; Evals queues the problem again); it is never pooled;
 - a lease ends when its holder's whole result arrives, or when a streamed round is over (complete, cut by the
-  exit rule, or rejected).
+  exit rule, or rejected);
+- every training sample a result message carries, and every abort it reports, reaches the Scheduler's ledger
+  (ledger.py) once, whatever else happens to it (refused ones as refused), and is credited to the sender in
+  `Generation`: exactly what the Scheduler counted as arrived while handling the message.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pipeline import protocol as P
 from pipeline.buffer.checks import Limits, check_result, out_of_vocab
 from pipeline.buffer.evals import Evals
 from pipeline.buffer.incidents import Incidents
+from pipeline.buffer.ledger import Generation
 from pipeline.buffer.peers import Conn, Lease, Peers, peer_name
 from pipeline.buffer.scheduler import Scheduler
 
@@ -32,22 +36,31 @@ class Intake:
     """Ownership and the edge checks for every result; see the module docstring."""
 
     def __init__(self, scheduler: Scheduler, evals: Evals, peers: Peers, incidents: Incidents, limits: Limits,
-                 vocab_size: int | None) -> None:
+                 vocab_size: int | None, generation: Generation | None = None) -> None:
         self.scheduler, self.evals, self.peers, self.incidents = scheduler, evals, peers, incidents
         self.limits, self.vocab_size = limits, vocab_size
         self.counters = incidents.counters
+        self.generation = Generation() if generation is None else generation
 
     def result(self, sender: bytes, name: str, msg: P.RoundResult, now: float, conn: Conn) -> None:
         """The whole result of one round from `sender` (named `name`), on connection `conn`."""
+        before = self._arrived()
+        self._result(sender, name, msg, now, conn)
+        self._credit(name, before)
+
+    def _result(self, sender: bytes, name: str, msg: P.RoundResult, now: float, conn: Conn) -> None:
         lease = self.peers.leases.get(msg.round_id)
         if lease is None:  # out at no producer: late, duplicate or unknown, counted where it would have gone
             assert not self.evals.owns(msg.round_id), f"eval round {msg.round_id} is in flight without a lease"
             if msg.kind == "eval":
                 self.evals.submit(msg.round_id, [], now)
-            else:
-                self.scheduler.reject(name, msg.round_id, now)  # not in flight: only counted as ignored
+            else:  # not in flight: only counted as ignored (and its samples in the ledger)
+                self.scheduler.submit_samples(name, msg.round_id, range(len(msg.samples)), msg.samples,
+                                              P.empty_array("int32"), now)
             return
         if self._foreign(sender, conn, msg.round_id, lease):
+            if lease.kind == "train":
+                self.scheduler.refuse(msg.samples)
             return
         self.peers.release([msg.round_id])  # its holder answered: whatever follows, the lease is over
         if msg.kind != lease.kind:  # the lease decides: an older producer's results are not lost
@@ -58,7 +71,7 @@ class Intake:
                             msg.round_id, msg.kind)
         reason, why = self._problem(msg, lease, self._known_prompt(lease))
         if reason:
-            self._reject(sender, name, msg.round_id, lease, reason, why, now)
+            self._reject(sender, name, msg.round_id, lease, reason, why, now, msg.samples)
         elif lease.kind == "eval":
             if self.evals.submit(msg.round_id, msg.samples, now) == "accepted":
                 self.peers.count_samples(name, len(msg.samples))
@@ -68,10 +81,18 @@ class Intake:
     def samples(self, sender: bytes, name: str, msg: P.SampleResults, now: float, conn: Conn) -> list[int]:
         """Streamed samples, one part per training round: checked like a result (a later part may leave the prompt
         tokens out), then accepted one by one. Returns the rounds the exit rule cut (the caller aborts them)."""
+        before = self._arrived()
+        try:
+            return self._samples(sender, name, msg, now, conn)
+        finally:
+            self._credit(name, before)
+
+    def _samples(self, sender: bytes, name: str, msg: P.SampleResults, now: float, conn: Conn) -> list[int]:
         cut: list[int] = []
         for part in msg.rounds:
             lease = self.peers.leases.get(part.round_id)
             if lease is not None and self._foreign(sender, conn, part.round_id, lease):
+                self.scheduler.refuse(part.samples, part.num_aborted, part.aborted_tokens)
                 continue
             self.scheduler.report_aborted(part.round_id, part.num_aborted, part.aborted_tokens)  # waste, counted
             if not part.samples:
@@ -88,7 +109,7 @@ class Intake:
                 reason, why = "samples", f"eval round {part.round_id} came back streamed; eval rounds are whole"
             if reason:
                 self.peers.release([part.round_id])
-                self._reject(sender, name, part.round_id, lease, reason, why, now)
+                self._reject(sender, name, part.round_id, lease, reason, why, now, part.samples)
                 continue
             out = self.scheduler.submit_samples(name, part.round_id, part.indices, part.samples, prompt, now)
             if out.accepted:
@@ -113,14 +134,25 @@ class Intake:
         return reason, why
 
     def _reject(self, sender: bytes, name: str, round_id: int, lease: Lease, reason: str, why: str,
-                now: float) -> None:
+                now: float, samples: list[P.Sample]) -> None:
         """A result its holder sent with values the edge refuses: counted by reason, its round re-issued."""
         self.incidents.bad("rejected_oov" if reason == "oov" else "rejected_values", sender, why,
                            "rejected_by_sender", reason)
         if lease.kind == "eval":
             self.evals.reject(round_id)
-        else:
-            self.scheduler.reject(name, round_id, now)  # re-issued at once (the prompt given up on if it repeats)
+        else:  # re-issued at once (the prompt given up on if it repeats); its samples are refused in the ledger
+            self.scheduler.reject(name, round_id, now, samples)
+
+    def _arrived(self) -> tuple[int, int]:
+        m = self.scheduler.fates.counts
+        return m["arrived_samples"], m["arrived_tokens"]
+
+    def _credit(self, name: str, before: tuple[int, int]) -> None:
+        """Credit producer `name` with what the Scheduler counted as arrived since `before` (the ledger's view of
+        what reached the buffer from it)."""
+        after = self._arrived()
+        if after != before:
+            self.generation.reported(name, after[0] - before[0], after[1] - before[1])
 
     def _known_prompt(self, lease: Lease) -> Any:
         """The prompt's token ids from its earlier accepted rounds (training rounds; None otherwise)."""

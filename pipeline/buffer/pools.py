@@ -16,6 +16,10 @@ When samples join a pool (sampling.exit_check; a rule with `whole_rounds`, GRPO,
 Once the rule holds, the round's samples that have not joined are discarded (counted, with their tokens) and the
 ones still running are cut (the Scheduler aborts them).
 
+The ledger (ledger.py): every sample that leaves a pool, or never joins one, is given its fate here (`fates`):
+trained and downsampled at hand-off, stale at eviction, dropped and zero_variance with their prompt, exit_cut when
+discarded, refused when a duplicate; a round cut by the exit rule is remembered so that its stragglers are too.
+
 Invariants (`check`):
 - admitted == (released - reopened) + dropped_unresolved + dropped_zero_variance + active, and
   released - reopened == waiting + groups_consumed: no admitted prompt is lost or counted twice;
@@ -24,7 +28,9 @@ Invariants (`check`):
   of them closed before all their samples arrived (cut by the exit rule, or cancelled: a straggler is late, not
   a duplicate);
 - every waiting group has n samples and advantages equal to the formula over its retained pool; a resolved one
-  satisfies the exit rule on its pool.
+  satisfies the exit rule on its pool;
+- the ledger's arrived samples less those given a fate are exactly what the live pools and the held samples of
+  rounds in flight hold, in samples and in tokens.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from pipeline import protocol as P
 from pipeline.buffer import logic
 from pipeline.buffer.allocation import Allocation, Prior
 from pipeline.buffer.exit_rules import ExitRule
+from pipeline.buffer.ledger import Fates, num_tokens
 from pipeline.buffer.state import History, InFlight, PromptState
 from pipeline.config import BufferConfig, SamplingConfig
 
@@ -85,6 +92,7 @@ class Pools:
         self.cut_rounds: set[int] = set()  # those closed before all their samples arrived
         self.rounds_to_exit: dict[int, int] = {}  # accepted rounds -> prompts released after that many
         self.groups_consumed = 0
+        self.fates = Fates(counts)  # the ledger's counts (ledger.py)
         self._ready: list[tuple[int, int]] = []  # heap of (admitted_order, prompt_id); stale entries skipped
 
     def add(self, st: PromptState) -> None:
@@ -116,6 +124,9 @@ class Pools:
         for i, s in zip(indices, samples):
             if i not in fl.arrived and i not in new:
                 new[i] = s
+        if len(new) < len(samples):  # indices that arrived before, or twice in this message
+            self.fates.add("refused", len(samples) - len(new),
+                           num_tokens(samples) - num_tokens(new.values()))
         if not new:
             return SubmitOutcome("duplicate"), False
         if fl.round_index < 0:
@@ -137,10 +148,12 @@ class Pools:
             discarded = list(fl.held.values())
             c["samples_discarded"] += len(discarded)
             c["tokens_discarded"] += sum(len(s.token_ids) for s in discarded)
+            self.fates.add_samples("exit_cut", discarded)  # held back, and the exit rule held first
             c["rounds_cut"] += cut > 0
             c["samples_cut"] += cut
             if cut:
                 self.cut(st, fl.round_id)
+                self.fates.close(fl.round_id, "exit_cut", cut)
             group, dropped = self._release(st, resolved=True) if exited else self._settle(st)
             return SubmitOutcome("accepted", group, dropped, evicted, (fl.round_id,) if cut else ()), True
         return SubmitOutcome("accepted", num_evicted=evicted), False
@@ -166,6 +179,7 @@ class Pools:
             fl.next_index = max(fl.next_index, i + 1)
             if s.version < min_version:
                 evicted += 1
+                self.fates.add("stale", 1, len(s.token_ids))
                 continue
             st.join(s, fl.round_index, threshold)
             if self.exit_check != "round" and len(st.pool) >= n and self.rule.reached(st.num_pos, st.num_neg, n):
@@ -182,6 +196,7 @@ class Pools:
         """Give up on an active prompt without a group (counted as dropped_unresolved, and under `reason`)."""
         del self.active[st.prompt_id]
         self.counts["dropped_unresolved"] += 1
+        self.fates.add_samples("dropped", st.pool)
         if reason:
             self.counts[reason] += 1
         self._untrack(st)
@@ -189,17 +204,23 @@ class Pools:
     def evict_stale(self, min_version: int) -> None:
         """Evict samples older than `min_version` from active pools (a round that loses all its samples is
         refunded) and re-open waiting groups that hold one (evicted from their full pool, then settled again)."""
-        whole = self.rule.whole_rounds
         for st in self.active.values():
-            self.counts["stale_evictions"] += st.evict_older_than(min_version, whole_rounds=whole)
+            self._evict(st, min_version)
         for prompt_id, rel in list(self.waiting.items()):
             if any(s.version < min_version for s in rel.group.samples):
                 del self.waiting[prompt_id]
                 self.counts["reopened"] += 1
                 st = rel.state
-                self.counts["stale_evictions"] += st.evict_older_than(min_version, whole_rounds=whole)
+                self._evict(st, min_version)
                 self.active[prompt_id] = st
                 self._settle(st)  # may release it again at once if its fresh samples still suffice
+
+    def _evict(self, st: PromptState, min_version: int) -> None:
+        tokens = num_tokens(st.pool)
+        num = st.evict_older_than(min_version, whole_rounds=self.rule.whole_rounds)
+        if num:
+            self.counts["stale_evictions"] += num
+            self.fates.add("stale", num, tokens - num_tokens(st.pool))
 
     def take(self, num_groups: int, learner_version: int) -> list[P.Group] | None:
         """Exactly `num_groups` waiting groups (FIFO), or None if fewer wait."""
@@ -212,6 +233,9 @@ class Pools:
             for s in rel.group.samples:
                 assert learner_version - s.version <= self.buffer.max_staleness, (prompt_id, s.version)
             groups.append(rel.group)
+            kept = set(rel.kept)
+            self.fates.add_samples("trained", rel.group.samples)
+            self.fates.add_samples("downsampled", (s for i, s in enumerate(rel.state.pool) if i not in kept))
         self.groups_consumed += num_groups
         return groups
 
@@ -221,6 +245,7 @@ class Pools:
         assert not self.active and not self.waiting
         for st in active:
             if st.in_flight is not None:
+                self.fates.add_samples("reissued", st.in_flight.held.values())  # arrived, never joined
                 st.in_flight = None
                 self.counts["rounds_reissued"] += 1
             self.active[st.prompt_id] = st
@@ -270,6 +295,7 @@ class Pools:
         rewards = st.rewards()
         if not logic.has_signal(rewards) and self.buffer.unresolved == "drop":
             self.counts["dropped_zero_variance" if resolved else "dropped_unresolved"] += 1
+            self.fates.add_samples("zero_variance" if resolved else "dropped", st.pool)
             self._untrack(st)
             return None, True
         kept = logic.downsample(rewards, st.versions(), self.sampling.group_size, self.buffer.downsample,
@@ -303,6 +329,9 @@ class Pools:
         live = [*self.active.values(), *(rel.state for rel in self.waiting.values())]
         assert self.accepted_rounds == {r for st in live for r in st.accepted_round_ids}, "accepted round ids"
         assert self.cut_rounds == {r for st in live for r in st.cut_round_ids} <= self.accepted_rounds, "cut ids"
+        held = [s for st in live for s in st.pool] + [s for st in self.active.values() if st.in_flight is not None
+                                                     for s in st.in_flight.held.values()]
+        assert self.fates.pooled() == (len(held), num_tokens(held)), "ledger: pooled samples or tokens"
         n = self.sampling.group_size
         for rel in self.waiting.values():
             rewards = rel.state.rewards()

@@ -45,9 +45,10 @@ is re-opened (its prompt goes back to active, with the stale samples evicted fro
 until hand-off for this reason); rounds in flight issued at a now-stale version are aborted and re-issued.
 Expiry: a round whose lease passed, or whose producer was silent for heartbeat_timeout_s, is re-issued.
 
-Waste is counted exactly (counters.py). The prompts' pools, their release and the hand-off live in `Pools`
-(pools.py); admission and the per-example history in `Admission` (admission.py); the rounds in flight and the
-producers' liveness in `Leases` (leases.py); the Scheduler decides, and keeps the learner version.
+Waste is counted exactly (counters.py), and every sample that reaches the scheduler is given one fate in the
+ledger (ledger.py: `Fates`, counted in `pools.py` and here). The prompts' pools, their release and the hand-off
+live in `Pools` (pools.py); admission and the per-example history in `Admission` (admission.py); the rounds in
+flight and the producers' liveness in `Leases` (leases.py); the Scheduler decides, and keeps the learner version.
 
 Invariants (`check_invariants`): those of `Pools` (no admitted prompt is lost or counted twice; every waiting
 group has n samples and the formula's advantages), and every round in flight belongs to exactly one active
@@ -70,6 +71,7 @@ from pipeline.buffer.allocation import DEFAULT_WASTE, MAX_ROUNDS_FACTOR, Prior, 
 from pipeline.buffer.counters import COUNTERS, IGNORE_REASONS, MAX_REJECTIONS
 from pipeline.buffer.exit_rules import make_exit_rule
 from pipeline.buffer.leases import Leases
+from pipeline.buffer.ledger import num_tokens
 from pipeline.buffer.pools import Pools, Released, SubmitOutcome
 from pipeline.buffer.state import History, InFlight, PromptRow, PromptState, RoundIds
 from pipeline.config import BufferConfig, SamplingConfig
@@ -103,6 +105,7 @@ class Scheduler:
         self._rng = random.Random(seed)
         self._counts = dict.fromkeys(COUNTERS, 0)
         self.pools = Pools(sampling, buffer, self.rule, self.policy, self._rng, self._counts)
+        self.fates = self.pools.fates  # the ledger (ledger.py)
         self.admission = Admission(prompts, self.policy)
         self.pools.context = lambda st: (self._history(st), self._prior())
         self._learner_version = 0
@@ -143,12 +146,18 @@ class Scheduler:
                        prompt_token_ids: np.ndarray, now: float) -> SubmitOutcome:
         """Accept samples `indices` of round `round_id` as they finish; release the prompt once its exit rule holds
         (the outcome's `aborted` then names the round, whose running samples the caller must abort)."""
+        self.fates.arrive(len(samples), num_tokens(samples))
+        return self._submit_samples(producer_id, round_id, indices, samples, prompt_token_ids, now)
+
+    def _submit_samples(self, producer_id: str, round_id: int, indices: Sequence[int], samples: Sequence[P.Sample],
+                        prompt_token_ids: np.ndarray, now: float) -> SubmitOutcome:
         self.heartbeat(producer_id, now)
         st = self._round_prompt(round_id)
         if st is None:
             return SubmitOutcome(self._ignore(round_id, samples))
         fl = st.in_flight
         if len(indices) != len(samples) or not all(0 <= i < fl.num_samples for i in indices):
+            self.fates.add("refused", len(samples), num_tokens(samples))
             return self._reject(st, cannot_serve=False)
         min_version = self._learner_version - self.buffer.max_staleness
         c = self._counts
@@ -166,24 +175,46 @@ class Scheduler:
         self, producer_id: str, round_id: int, prompt_token_ids: np.ndarray, samples: list[P.Sample], now: float
     ) -> SubmitOutcome:
         """Accept (or ignore, or reject) the whole result of one round: its samples in issue order."""
+        self.fates.arrive(len(samples), num_tokens(samples))
         st = self._round_prompt(round_id)
         if st is not None and len(samples) != st.in_flight.num_samples:
             self.heartbeat(producer_id, now)
+            self.fates.add("refused", len(samples), num_tokens(samples))
             return self._reject(st, cannot_serve=not samples)
-        return self.submit_samples(producer_id, round_id, range(len(samples)), samples, prompt_token_ids, now)
+        return self._submit_samples(producer_id, round_id, range(len(samples)), samples, prompt_token_ids, now)
 
     def report_aborted(self, round_id: int, num_samples: int, num_tokens: int) -> None:
         """A producer aborted `num_samples` samples of round `round_id` that had generated `num_tokens` tokens:
-        counted as waste (accounting only; ignored for a round id never issued)."""
+        counted as waste (accounting only; only in the ledger, as refused, for a round id never issued). In the
+        ledger they take the fate of the reason their round closed, or `stopped` while it is still in flight (its
+        producer stopped)."""
         if num_samples < 0 or num_tokens < 0:
             raise ValueError(f"aborted samples and tokens must be >= 0, got {num_samples} and {num_tokens}")
-        if self.round_ids.issued(round_id):
-            self._counts["samples_aborted"] += num_samples
-            self._counts["tokens_aborted"] += num_tokens
+        if not num_samples and not num_tokens:
+            return
+        self.fates.arrive(num_samples, num_tokens)
+        if not self.round_ids.issued(round_id):
+            self.fates.add("refused", num_samples, num_tokens)
+            return
+        self._counts["samples_aborted"] += num_samples
+        self._counts["tokens_aborted"] += num_tokens
+        if round_id in self._rounds:
+            self.fates.add("stopped", num_samples, num_tokens)
+        else:
+            self.fates.straggler(round_id, num_samples, num_tokens)
 
-    def reject(self, producer_id: str, round_id: int, now: float) -> SubmitOutcome:
+    def refuse(self, samples: Sequence[P.Sample], num_aborted: int = 0, aborted_tokens: int = 0) -> None:
+        """Training samples that arrived (and aborted ones reported) but are not used at all (e.g. a result for a
+        round leased to another producer): counted in the ledger as refused."""
+        num, tokens = len(samples) + num_aborted, num_tokens(samples) + aborted_tokens
+        self.fates.arrive(num, tokens)
+        self.fates.add("refused", num, tokens)
+
+    def reject(self, producer_id: str, round_id: int, now: float, samples: Sequence[P.Sample] = ()) -> SubmitOutcome:
         """Reject the result of round `round_id` as unusable (e.g. a token id outside the vocabulary): the round is
-        re-issued, and its prompt given up on after MAX_REJECTIONS. Ignored like any result if not in flight."""
+        re-issued, and its prompt given up on after MAX_REJECTIONS. Ignored like any result if not in flight.
+        `samples`, the result's, are counted in the ledger as refused."""
+        self.refuse(samples)
         self.heartbeat(producer_id, now)
         st = self._round_prompt(round_id)
         return SubmitOutcome(self._ignore(round_id, ())) if st is None else self._reject(st, cannot_serve=False)
@@ -220,7 +251,7 @@ class Scheduler:
             if version - st.in_flight.issued_version > self.buffer.max_staleness:
                 aborted.append(round_id)
                 self._counts["rounds_aborted"] += 1
-                self._cancel(st, "rounds_reissued")
+                self._cancel(st, "rounds_reissued", "stale")
         self.pools.evict_stale(version - self.buffer.max_staleness)
         return aborted
 
@@ -248,7 +279,7 @@ class Scheduler:
             if now > st.in_flight.deadline or self.is_silent(st.in_flight.producer_id, now):
                 expired.append(round_id)
                 self._counts["rounds_expired"] += 1
-                self._cancel(st, "rounds_reissued")
+                self._cancel(st, "rounds_reissued", "reissued")
         return expired
 
     # ------------------------------------------------------------ internals
@@ -268,8 +299,12 @@ class Scheduler:
             reason = "late"  # re-issued, aborted, or its prompt exited before it arrived
             self._counts["samples_late"] += len(samples)
             self._counts["tokens_discarded"] += sum(len(s.token_ids) for s in samples)
+            if samples:
+                self.fates.straggler(round_id, len(samples), num_tokens(samples))
         else:
             reason = "unknown"
+        if reason != "late":
+            self.fates.add("refused", len(samples), num_tokens(samples))
         self._ignored[reason] += 1
         return reason
 
@@ -279,11 +314,11 @@ class Scheduler:
         # engine's max_model_len); a prompt rejected again and again would otherwise be re-issued forever.
         rejections = self._rejections[st.prompt_id] = self._rejections.get(st.prompt_id, 0) + 1
         if cannot_serve or rejections >= MAX_REJECTIONS:
-            self._cancel(st, "rounds_aborted")
+            self._cancel(st, "rounds_aborted", "dropped")
             del self._rejections[st.prompt_id]
             self.pools.drop(st, "prompts_unservable")
             return SubmitOutcome("rejected", dropped=True)
-        self._cancel(st, "rounds_reissued")
+        self._cancel(st, "rounds_reissued", "reissued")
         return SubmitOutcome("rejected")
 
     def _admission_open(self) -> bool:
@@ -328,7 +363,8 @@ class Scheduler:
         row = self._prompts[example]
         return row[2] if len(row) > 2 else {}
 
-    def _cancel(self, st: PromptState, counter: str) -> None:
+    def _cancel(self, st: PromptState, counter: str, fate: str) -> None:
+        """Cancel `st`'s round in flight (counted under `counter`); its samples held, late or aborted get `fate`."""
         fl = st.in_flight
         assert fl is not None
         self.leases.remove(fl.round_id, fl.producer_id)
@@ -336,6 +372,8 @@ class Scheduler:
         self._counts[counter] += 1
         self._counts["samples_discarded"] += len(fl.held)  # arrived, never joined: the round starts over
         self._counts["tokens_discarded"] += sum(len(s.token_ids) for s in fl.held.values())
+        self.fates.add_samples(fate, fl.held.values())
+        self.fates.close(fl.round_id, fate, fl.num_samples - len(fl.arrived))
         if fl.round_index >= 0:  # some samples arrived: the stragglers are late, not duplicates
             self.pools.cut(st, fl.round_id)
         self.pools.queue(st)
