@@ -1,4 +1,10 @@
-"""The producer's gauges and counters, as sent in its heartbeats."""
+"""The producer's gauges and counters, as sent in its heartbeats.
+
+The ledger's counters (pipeline/buffer/ledger.py): `gen_samples` / `gen_tokens` count every training sample that
+left the engine, finished or aborted, exactly once, with the completion tokens the engine reported for it;
+`gen_eval_samples` / `gen_eval_tokens` the same for evaluation rounds. `started_at` (wall clock) tells the buffer a
+restarted process under the same name from the one before it.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,8 @@ import time
 
 RATE_WINDOW_S = 10.0  # tokens/s is measured over this trailing window
 COUNTERS = ("rounds_done", "rounds_aborted", "rounds_failed", "samples_done", "tokens_done", "weight_loads",
-            "weight_load_errors", "weight_load_refused", "request_timeouts", "engine_errors")  # always present, from 0
+            "weight_load_errors", "weight_load_refused", "request_timeouts", "engine_errors",
+            "gen_samples", "gen_tokens", "gen_eval_samples", "gen_eval_tokens")  # always present, from 0
 
 
 class ProducerStats:
@@ -16,6 +23,7 @@ class ProducerStats:
     def __init__(self) -> None:
         self.counts = collections.Counter({k: 0 for k in COUNTERS})
         self._started = self._last_snapshot = time.monotonic()
+        self.started_at = time.time()
         self._token_log: collections.deque = collections.deque()  # (finish time, tokens)
         self._busy_s = 0.0
         self._busy_since: float | None = None
@@ -25,6 +33,12 @@ class ProducerStats:
         self.counts["rounds_done"] += 1
         self.counts["samples_done"] += num_samples
         self.counts["tokens_done"] += num_tokens
+
+    def generated(self, kind: str, num_samples: int, num_tokens: int) -> None:
+        """`num_samples` samples of a round of `kind` ("train" | "eval") left the engine with `num_tokens` tokens."""
+        prefix = "gen_eval" if kind == "eval" else "gen"
+        self.counts[f"{prefix}_samples"] += num_samples
+        self.counts[f"{prefix}_tokens"] += num_tokens
 
     def set_busy(self, busy: bool) -> None:
         """Busy = at least one round running; called whenever that may have changed."""
@@ -49,6 +63,7 @@ class ProducerStats:
         return {
             "tokens_per_s": sum(n for _, n in self._token_log) / window,
             "busy_fraction": min(1.0, busy / interval),
+            "started_at": self.started_at,
             **{k: float(v) for k, v in gauges.items()},
             **{k: float(v) for k, v in self.counts.items()},
         }

@@ -13,6 +13,12 @@ aborts such a round (its prompt exited), the rest of its samples are aborted in 
 reports how many were cut and the tokens they had generated (samples queued but not sent yet are dropped and
 counted the same way). Other rounds (evaluation, or a buffer that checks whole rounds) get one RoundResult.
 
+Ledger (pipeline/buffer/ledger.py): every sample that leaves the engine is counted once in the heartbeat counters
+(`gen_samples` / `gen_tokens`, or `gen_eval_*`): a streamed one when it finishes (`on_sample`) or is cut, a whole
+round's when it completes or is aborted. Of a training round, each such sample is then sent, or reported as
+aborted with its tokens (streamed or not), so the buffer can give it a fate. The first heartbeat goes out before
+the first WorkRequest and the final one (`final` = 1) after the last flush: the buffer waits for it at the end.
+
 Invariants:
 - every round this producer accepted gets exactly one RoundResult, or each of its samples once in a
   SampleResults, unless it was aborted (by the buffer, or by us at shutdown after the grace period) or the
@@ -92,6 +98,7 @@ class Producer:
                                                      self._flush_loop())]
         for t in helpers:
             t.add_done_callback(self._check_task)
+        await self._send_heartbeat()  # the counters' start, before any result (the ledger needs it first)
         try:
             await self._request_loop()
         finally:
@@ -100,7 +107,7 @@ class Producer:
                 t.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
             await self._flush()
-            await self._send_heartbeat()
+            await self._send_heartbeat(final=True)
         return self.exit_code
 
     def stop(self, reason: str, grace_s: float | None = None, exit_code: int = 0) -> None:
@@ -184,6 +191,7 @@ class Producer:
         scoring: list[asyncio.Task] = []
 
         def on_sample(index: int, c: Any, prompt_ids: np.ndarray) -> None:
+            self.stats.generated(a.kind, 1, len(c.token_ids))
             scoring.append(asyncio.create_task(self._score_sample(a, index, c, prompt_ids)))
 
         try:
@@ -191,8 +199,9 @@ class Producer:
                 out = await self.engine.generate_round(a, on_sample if a.stream else None)
             except RoundAborted as exc:
                 self.counts["rounds_aborted"] += 1
+                self.stats.generated(a.kind, exc.num_aborted, exc.aborted_tokens)
                 await asyncio.gather(*scoring)
-                if a.stream:
+                if a.kind == "train":  # streamed or not: the buffer's ledger counts them
                     self._outbox.aborted(a.round_id, a.prompt_id, exc.num_aborted, exc.aborted_tokens)
                     self._outbox_ready.set()
                 return
@@ -214,9 +223,13 @@ class Producer:
                 await asyncio.gather(*scoring)
                 self.stats.round_done(len(out.completions), num_tokens)
                 return
+            self.stats.generated(a.kind, len(out.completions), num_tokens)
             rewards = await self._score([c.text for c in out.completions], a)
             if a.round_id in self._aborted:
                 self.counts["rounds_aborted"] += 1
+                if a.kind == "train":  # generated, never sent: reported as aborted
+                    self._outbox.aborted(a.round_id, a.prompt_id, len(out.completions), num_tokens)
+                    self._outbox_ready.set()
                 return
             samples = [P.Sample(c.token_ids, c.logprobs, float(r), c.version, c.finish_reason)
                        for c, r in zip(out.completions, rewards)]
@@ -350,11 +363,12 @@ class Producer:
                 self.stop("the engine processes died", grace_s=0.0, exit_code=1)
             await self._send_heartbeat()
 
-    async def _send_heartbeat(self) -> None:
+    async def _send_heartbeat(self, final: bool = False) -> None:
+        """`final`: the last one, after everything this producer will ever send (the buffer's ledger waits for it)."""
         stats = self.stats.snapshot(
             running_rounds=len(self._rounds), live_samples=self.engine.live_samples,
             weight_version=self.engine.version, last_weight_load_s=self.engine.last_load_seconds,
-            learner_version=self.learner_version, **self.pool.metrics())
+            learner_version=self.learner_version, final=float(final), **self.pool.metrics())
         await self.client.send(P.Heartbeat(self.id, "producer", self.engine.version, stats))
 
     # ---- shutdown ----
