@@ -14,7 +14,9 @@ Sharing producers: while training rounds are available, evaluation rounds take a
 while the learner waits; they take whatever training cannot use.
 
 Draining: a Shutdown stops the handing out of training rounds and lets the evaluations already started (the final
-one above all) finish, for at most buffer.lease_s; `finished(now)` then says to stop.
+one above all) finish, for at most buffer.lease_s; `finished(now)` then says to stop. The service then publishes
+the Shutdown, waits (`reports_complete`) for every producer still heard from to send what it holds and its final
+heartbeat, and writes the ledger of every generated sample and token by fate (`write_ledger`, ledger.py).
 
 Trust: each message comes with its sender's identity and connection (`Conn`: role, ZAP User-Id), learned from the
 connection, never from the message; a producer is named by its connection (peers.py). Learner-only messages from
@@ -44,6 +46,7 @@ import msgspec
 
 from pipeline import protocol as P
 from pipeline.auth import LEARNER
+from pipeline.buffer import ledger as L
 from pipeline.buffer import metrics as M
 from pipeline.buffer.checks import Limits, check_message, role_problem, weights_problem
 from pipeline.buffer.evals import Evals
@@ -120,7 +123,9 @@ class BufferCore:
         # after a resume: the evaluation rounds share the restored scheduler's round id allocator
         self.evals = Evals(eval_prompts, cfg.eval.k, cfg.buffer.lease_s, cfg.eval.max_new_tokens,
                            cfg.sampling.positive_threshold, self.scheduler.round_ids)
-        self.intake = Intake(self.scheduler, self.evals, self.peers, self.incidents, self.limits, vocab_size)
+        self.generation = L.Generation()  # the producers' side of the ledger
+        self.intake = Intake(self.scheduler, self.evals, self.peers, self.incidents, self.limits, vocab_size,
+                             self.generation)
         if cfg.learner.eval_every and not self.resumed:
             self.evals.start(0, now)
 
@@ -258,6 +263,7 @@ class BufferCore:
         if name is not None:
             self.scheduler.heartbeat(name, now)
             self.producer_stats[name] = {**msg.stats, "version": msg.version, "seen": self.wall_clock()}
+            self.generation.heartbeat(name, msg.stats)
 
     def _on_batch_request(self, sender: bytes, msg: P.BatchRequest, now: float) -> None:
         self._set_version(msg.learner_version, now)
@@ -306,6 +312,7 @@ class BufferCore:
         """A producer connection let go (idle, or making room): what else is kept per producer goes with it."""
         self.parked_work.pop(identity, None)
         self.scheduler.forget(name)
+        self.generation.retire(name)
 
     def _set_version(self, version: int, now: float) -> None:
         aborted = self.scheduler.set_learner_version(version, now)
@@ -355,7 +362,8 @@ class BufferCore:
             return
         self.parked_batch = None
         m = self.scheduler.metrics()
-        flat = M.batch_metrics(m, self.counters, self.producer_stats, self.last_eval, self._last_batch_counts)
+        flat = M.batch_metrics(m, self.counters, self.producer_stats, self.last_eval, self._last_batch_counts,
+                               self.ledger(now, m))
         self._last_batch_counts = M.positive_counts(m)
         self._outbox.append(Out(parked.identity, P.Batch(req.learner_version, groups or [], flat)))
 
@@ -380,7 +388,26 @@ class BufferCore:
             producers=self.producer_stats, learner=self.learner_stats, last_eval=self.last_eval,
             evals_running=self.evals.in_progress(), eval_counts=self.evals.counts,
             progress=progress(m, self.producer_stats, self.peers.samples),
-            uptime_s=now - self.started, draining=self.stop_reason is not None)
+            uptime_s=now - self.started, draining=self.stop_reason is not None, ledger=self.ledger(now, m))
+
+    def ledger(self, now: float, scheduler_metrics: dict[str, Any] | None = None) -> dict[str, int]:
+        """Every generated sample and token by fate, now (ledger.py)."""
+        m = self.scheduler.metrics() if scheduler_metrics is None else scheduler_metrics
+        return L.ledger(m, self.generation.totals(lambda name: self.scheduler.is_silent(name, now)))
+
+    def reports_complete(self, now: float) -> bool:
+        """Whether every producer still heard from has sent its final heartbeat (after its last results)."""
+        return self.generation.complete(lambda name: self.scheduler.is_silent(name, now))
+
+    def write_ledger(self, now: float) -> dict[str, int]:
+        """Write the ledger to RUN/ledger.json (atomically; at the end of a run) and return it."""
+        led = self.ledger(now)
+        path = self.cfg.run_dir / "ledger.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({**led, "complete": self.reports_complete(now)}, indent=1) + "\n")
+        tmp.replace(path)
+        log.info("ledger: %s", L.compact(led))
+        return led
 
     def write_snapshot(self) -> bool:
         """Write the state that `--resume` restores (see snapshot.py) atomically; False if it failed."""

@@ -3,10 +3,12 @@ metrics.jsonl, and the MetricsSnapshot that the live view and the supervisor rea
 
 Keys that readers rely on (keep them): in a Batch, `buffer/samples_received` (the learner tells from it whether
 producers make progress), `buffer/positive_rate_step`, `buffer/samples_per_released_group`, `eval/accuracy`,
-`eval/version`, `producers/tokens_per_s`, `producers/busy`; in a MetricsSnapshot, every Scheduler metric under
-its own name, `buffer/<counter>`, `learner_version`, `producers`, `eval` (the latest row of eval.jsonl),
-`progress` (see progress.py), and the bad input tables `malformed_by_sender`, `rejected_by_sender` and
-`rejected_by_reason`.
+`eval/version`, `producers/tokens_per_s`, `producers/busy`, and `ledger/<fate>_samples` / `ledger/<fate>_tokens`
+for every fate of ledger.FATES with `ledger/generated_samples` / `ledger/generated_tokens` (the Scheduler's own
+ledger counters are left out of the buffer/ keys: the ledger holds them); in a MetricsSnapshot, every Scheduler
+metric under its own name, `buffer/<counter>`, `learner_version`, `producers`, `eval` (the latest row of
+eval.jsonl), `progress` (see progress.py), `ledger` (ledger.py's dict), and the bad input tables
+`malformed_by_sender`, `rejected_by_sender` and `rejected_by_reason`.
 
 Nothing here changes state: callers pass what a function needs, and keep what must be remembered themselves.
 """
@@ -46,14 +48,15 @@ def positive_counts(scheduler_metrics: dict[str, Any]) -> tuple[float, float]:
 
 def batch_metrics(scheduler_metrics: dict[str, Any], counters: dict[str, int],
                   producers: dict[str, dict[str, float]], last_eval: dict[str, Any] | None,
-                  previous_counts: tuple[float, float]) -> dict[str, float]:
+                  previous_counts: tuple[float, float], ledger: dict[str, int] | None = None) -> dict[str, float]:
     """Flat numeric metrics for the learner's per-step log line and metrics.jsonl.
 
     `previous_counts` is `positive_counts` at the previous batch: `buffer/positive_rate_step` is the pass rate of
     the samples generated since then (the cumulative rate hides progress).
     """
     flat = {f"buffer/{k}": float(v) for k, v in scheduler_metrics.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and not _ledger_counter(k)}
+    flat.update({f"ledger/{k}": float(v) for k, v in (ledger or {}).items()})
     pos, num = positive_counts(scheduler_metrics)
     last_pos, last_num = previous_counts
     flat["buffer/positive_rate_step"] = (pos - last_pos) / (num - last_num) if num > last_num else 0.0
@@ -71,12 +74,16 @@ def batch_metrics(scheduler_metrics: dict[str, Any], counters: dict[str, int],
     return flat
 
 
+def _ledger_counter(key: str) -> bool:
+    return key.startswith(("fate_", "arrived_"))
+
+
 def snapshot_metrics(scheduler_metrics: dict[str, Any], counters: dict[str, int], *, bad_senders: dict[str, Any],
                      snapshot: dict[str, float], peers: dict[str, int], producers: dict[str, dict[str, float]],
                      learner: dict[str, float],
                      last_eval: dict[str, Any] | None, evals_running: list[dict[str, int]],
                      eval_counts: dict[str, int], progress: dict[str, Any], uptime_s: float,
-                     draining: bool) -> dict[str, Any]:
+                     draining: bool, ledger: dict[str, int] | None = None) -> dict[str, Any]:
     """The MetricsSnapshot's content (nested; see the module docstring for the keys readers rely on)."""
     m: dict[str, Any] = dict(scheduler_metrics)
     m.update({f"buffer/{k}": v for k, v in counters.items()})
@@ -91,4 +98,5 @@ def snapshot_metrics(scheduler_metrics: dict[str, Any], counters: dict[str, int]
     m["progress"] = progress
     m["uptime_s"] = uptime_s
     m["draining"] = draining
+    m["ledger"] = dict(ledger or {})
     return m

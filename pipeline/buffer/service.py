@@ -18,7 +18,9 @@ Invariants:
 - a reply never blocks the loop: one that cannot be queued (the peer is gone or not reading) is dropped and
   counted (`unroutable`); the rounds of a vanished producer expire with their leases;
 - the loop stops only when the core says it has finished (after a Shutdown and the final evaluation) or at
-  `stop_after_s`, and then publishes the Shutdown to everyone.
+  `stop_after_s`, and then publishes the Shutdown to everyone; it goes on receiving (handing out nothing) until
+  every producer still heard from has sent what it holds and its final heartbeat, for FINAL_REPORTS_S at most,
+  and writes the ledger (RUN/ledger.json, see ledger.py).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 TICK_S = 0.05  # the poll timeout: timers run at least this often
 DRAIN_LIMIT = 256  # messages handled per wake-up at most, so that a burst never starves the timers
 FRAME_SLACK = 2  # how far above the largest message a client sends the frame limit lies (a factor)
+FINAL_REPORTS_S = 10.0  # after the Shutdown, producers' last results and final heartbeats are awaited this long
 
 
 def max_frames(cfg: Config) -> int:
@@ -132,7 +135,24 @@ class BufferService:
                 break
         reason = core.stop_reason or "stopped"
         self._send([Out(None, P.Shutdown(reason))])
+        self._final_reports(poller)
         return reason
+
+    def _final_reports(self, poller: zmq.Poller) -> None:
+        """Receive the producers' last results and final heartbeats (see the module docstring), then write the
+        ledger."""
+        end = time.monotonic() + FINAL_REPORTS_S
+        while not self.core.reports_complete(time.monotonic()) and time.monotonic() < end:
+            if self.router in dict(poller.poll(int(TICK_S * 1000))):
+                self._receive(time.monotonic())
+            try:
+                self._send(self.core.tick(time.monotonic()))
+            except Exception:  # noqa: BLE001 - the last guard
+                self._escaped(b"", "timer")
+        try:
+            self.core.write_ledger(time.monotonic())
+        except OSError as exc:
+            log.error("could not write the ledger: %s", exc)
 
     def _receive(self, now: float) -> None:
         """Hand the messages waiting on the router to the core, DRAIN_LIMIT at most."""
