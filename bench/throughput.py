@@ -1,4 +1,4 @@
-"""The pipeline's speed against plain baselines, in one table: `python -m bench.throughput [--quick]`.
+"""The pipeline's speed against plain baselines, in one table: `python -m bench.throughput [--quick | --smoke]`.
 
 Runs, one after another as subprocesses with modest settings, the component benchmarks that each measure their own
 side-by-side ratio in the same run, then reads the numbers back from the JSON each writes under bench/results/:
@@ -7,6 +7,11 @@ side-by-side ratio in the same run, then reads the numbers back from the JSON ea
   - bench.learner: learner tokens/s vs a plain transformers step, weight publish vs memcpy.
 The producer's weight load is set against a memcpy of the same number of bytes (and a read of them from a tmpfs
 file into preallocated memory), measured here. Writes bench/results/throughput.md.
+
+Every baseline is one that does not swing with page faults: copies go into preallocated memory written once
+before timing. Each ratio comes with its spread over the repeats (min-max of the paired per-repeat ratios).
+A component that fails or runs past --timeout is stopped with everything it started (`bench.guard.run`), the
+others still run, and the table names each failure; the exit code is then 1.
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,27 +27,37 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import guard
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
-# (name, module, arguments, arguments under --quick, the JSON of its numbers it writes)
+# (name, module, arguments, under --quick, under --smoke (seconds, for the test suite), the file it writes)
 BENCHES = [
     ("buffer ingest", "bench.buffer_ingest", ["--rounds", "1000", "--repeats", "3"],
-     ["--rounds", "500", "--repeats", "1"], "buffer_ingest.json"),
+     ["--rounds", "500", "--repeats", "1"], ["--rounds", "20", "--tokens", "16", "--repeats", "1"], "buffer_ingest"),
     ("producer", "bench.producer", ["--prompts", "48", "--reps", "5", "--loads", "10"],
-     ["--prompts", "24", "--reps", "3", "--loads", "5"], "producer.json"),
-    ("learner", "bench.learner", ["--reps", "3"], ["--reps", "2"], "learner.json"),
+     ["--prompts", "24", "--reps", "3", "--loads", "5"],
+     ["--prompts", "4", "--round-size", "2", "--max-new-tokens", "8", "--max-num-seqs", "8", "--reps", "1",
+      "--loads", "2", "--enforce-eager"], "producer"),
+    ("learner", "bench.learner", ["--reps", "3"], ["--reps", "2"],
+     ["--reps", "1", "--hidden", "64", "--layers", "1", "--vocab", "256", "--groups", "2", "--big-mib", "32",
+      "--publish-reps", "2"], "learner"),
 ]
+
+
+# a row: (component, ours, baseline name, baseline value, ratio, ratio spread {"min", "max"} or None)
 
 
 def parse_buffer(d: dict) -> list[tuple]:
     raw, ours = d["raw_samples_per_s"], d["buffer_samples_per_s"]
-    return [("buffer ingest (samples/s)", ours, "raw ZeroMQ PUSH/PULL, same frames", raw, ours / raw)]
+    return [("buffer ingest (samples/s)", ours, "raw ZeroMQ PUSH/PULL, same frames", raw, ours / raw,
+             d.get("ratio_spread"))]
 
 
 def parse_producer(d: dict) -> tuple[list[tuple], dict]:
     rows = [("producer generation (tokens/s)", d["producer_tokens_per_s"], "vLLM offline LLM.generate",
-             d["offline_tokens_per_s"], d["ratio"])]
+             d["offline_tokens_per_s"], d["ratio"], d.get("ratio_spread"))]
     return rows, d["load"]
 
 
@@ -55,13 +69,14 @@ def parse_learner(d: dict) -> list[tuple]:
                         ("learner_micro4096", "learner step, micro_batch_tokens 4096 (tokens/s, wall)")):
         r = runners[name]
         rows.append((label + f"; CPU-time ratio {r['ratio_cpu']:.2f}", r["tokens_per_s"],
-                     "plain transformers step (faster of masked / no mask)", best_plain, r["ratio_wall"]))
+                     "plain transformers step (faster of masked / no mask)", best_plain, r["ratio_wall"],
+                     r.get("ratio_wall_spread")))
     for name, label in (("bench model fp32", "weight publish, bench model fp32"),
-                        ("synthetic 16 x 4096^2 bf16", "weight publish, 512 MiB bf16")):
+                        ("synthetic bf16", "weight publish, bf16")):
         p = d["publish"][name]
-        pub, pre, fresh = p["publish_mbs"], p["memcpy_mbs"], p["fresh_mbs"]
-        rows.append((f"{label} ({p['mb']:.0f} MiB, MiB/s)", pub, "copy into new memory", fresh, pub / fresh))
-        rows.append((f"{label} ({p['mb']:.0f} MiB, MiB/s)", pub, "memcpy into preallocated memory", pre, pub / pre))
+        rows.append((f"{label} ({p['mb']:.0f} MiB, MiB/s)", p["publish_mbs"],
+                     "memcpy into preallocated, pre-faulted memory", p["memcpy_mbs"],
+                     p["ratio_to_memcpy_spread"]["median"], p["ratio_to_memcpy_spread"]))
     return rows
 
 
@@ -70,6 +85,7 @@ def copy_baselines(mib: float, reps: int = 50) -> dict:
     nbytes = int(mib * 2**20)
     src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
     dst = np.empty_like(src)
+    np.copyto(dst, src)  # pre-fault the destination: the timed copies pay no page faults
     memcpy, read = [], []
     with tempfile.NamedTemporaryFile(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as f:
         f.write(src.tobytes())
@@ -82,39 +98,33 @@ def copy_baselines(mib: float, reps: int = 50) -> dict:
             with open(f.name, "rb", buffering=0) as fh:
                 fh.readinto(memoryview(dst))
             read.append(time.perf_counter() - t0)
-    return {"memcpy_ms": 1e3 * statistics.median(memcpy), "read_ms": 1e3 * statistics.median(read)}
+    return {"memcpy_ms": 1e3 * statistics.median(memcpy), "read_ms": 1e3 * statistics.median(read),
+            "memcpy_ms_range": (1e3 * min(memcpy), 1e3 * max(memcpy)),
+            "read_ms_range": (1e3 * min(read), 1e3 * max(read))}
 
 
 def run_bench(module: str, args: list[str], timeout: float) -> tuple[int | str, float, str]:
-    """Run one benchmark module; (exit code, seconds, last lines of its output)."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        code: int | str = proc.returncode
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # the benchmarks stop their own engines and children on SIGTERM
-        try:
-            out, _ = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        code = "timeout"
-    return code, time.monotonic() - t0, "\n".join((out or "").splitlines()[-10:])
+    """Run one benchmark module (nothing of it left running afterwards); (exit code, seconds, its last lines)."""
+    outcome = guard.run([sys.executable, "-m", module, *args], timeout, echo=False, tail_lines=10)
+    return outcome.code, outcome.seconds, outcome.tail
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer reps and smaller inputs (about 3 min)")
+    ap.add_argument("--smoke", action="store_true", help="tiny inputs, one rep: checks that every part runs")
+    ap.add_argument("--results", default=str(RESULTS), help="folder for the component benches' own files")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds before one benchmark is abandoned")
     ap.add_argument("--out", default=str(RESULTS / "throughput.md"))
     args = ap.parse_args(argv)
     t_all = time.monotonic()
     rows: list[tuple] = []
     lines_run, failures, load = [], [], {}
-    for name, module, full, quick, json_name in BENCHES:
-        bench_args = quick if args.quick else full
+    results = Path(args.results)
+    for name, module, full, quick, smoke, file_name in BENCHES:
+        sized = smoke if args.smoke else quick if args.quick else full
+        bench_args = [*sized, "--out", str(results / f"{file_name}.md")]
+        json_name = f"{file_name}.json"
         cmd = f"python -m {module} {' '.join(bench_args)}"
         print(f"--- {name}: {cmd}", flush=True)
         code, seconds, tail = run_bench(module, bench_args, args.timeout)
@@ -125,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             print(tail, flush=True)
             continue
         try:
-            numbers = json.loads((RESULTS / json_name).read_text())
+            numbers = json.loads((results / json_name).read_text())
             if module == "bench.buffer_ingest":
                 rows += parse_buffer(numbers)
             elif module == "bench.producer":
@@ -139,10 +149,12 @@ def main(argv: list[str] | None = None) -> int:
             failures.append((name, "unparsed", f"{json_name} lacks {exc}: was its format changed?"))
     if load:
         base = copy_baselines(load["mib"])
-        rows.append((f"producer in-place weight load ({load['mib']:.1f} MiB, ms; lower is better)", load["ms"],
-                     "memcpy of the same bytes", base["memcpy_ms"], base["memcpy_ms"] / load["ms"]))
-        rows.append((f"producer in-place weight load ({load['mib']:.1f} MiB, ms; lower is better)", load["ms"],
-                     "read from a tmpfs file into preallocated memory", base["read_ms"], base["read_ms"] / load["ms"]))
+        label = f"producer in-place weight load ({load['mib']:.1f} MiB, ms; lower is better)"
+        for key, base_name in (("memcpy", "memcpy of the same bytes into preallocated memory"),
+                               ("read", "read from a tmpfs file into preallocated memory")):
+            lo, hi = base[f"{key}_ms_range"]  # the load's spread against the baseline's: extremes paired
+            rows.append((label, load["ms"], base_name, base[f"{key}_ms"], base[f"{key}_ms"] / load["ms"],
+                         {"min": lo / load["max_ms"], "max": hi / load["min_ms"]}))
     command = "python -m bench.throughput " + " ".join(sys.argv[1:] if argv is None else argv)
     total = time.monotonic() - t_all
     text = ["# Throughput: the pipeline's parts against plain baselines", "",
@@ -150,13 +162,19 @@ def main(argv: list[str] | None = None) -> int:
             "It ran, one after another:", "", "```", *lines_run, "```", "",
             "Each benchmark measures ours and its baseline side by side in the same run (interleaved reps); the "
             "details are in buffer_ingest.md, producer.md and learner.md. Ratio = ours / baseline as throughput "
-            "(for the weight load, baseline time / our time): 1.00 = as fast as the baseline.", "",
-            "| component | ours | baseline | baseline value | ratio |", "|---|---:|---|---:|---:|"]
-    for comp, ours, base_name, base, ratio in rows:
+            "(for the weight load, baseline time / our time): 1.00 = as fast as the baseline. The ratio is the "
+            "median over repeats; min-max is the spread of the per-repeat ratios (for the weight load, the extremes "
+            "of both sides paired).", "",
+            "| component | ours | baseline | baseline value | ratio | ratio min-max |",
+            "|---|---:|---|---:|---:|---|"]
+    for comp, ours, base_name, base, ratio, spread in rows:
         fmt = ".1f" if ours < 100 else ",.0f"
         bfmt = ".3f" if base < 1 else ".2f" if base < 10 else (".1f" if base < 100 else ",.0f")
-        text.append(f"| {comp} | {ours:{fmt}} | {base_name} | {base:{bfmt}} | {ratio:.2f} |" if ratio >= 0.1 else
-                    f"| {comp} | {ours:{fmt}} | {base_name} | {base:{bfmt}} | {ratio:.3f} (1/{1 / ratio:.0f}) |")
+        rng = f"{spread['min']:.2f}-{spread['max']:.2f}" if spread else "-"
+        text.append(f"| {comp} | {ours:{fmt}} | {base_name} | {base:{bfmt}} | {ratio:.2f} | {rng} |"
+                    if ratio >= 0.1 else
+                    f"| {comp} | {ours:{fmt}} | {base_name} | {base:{bfmt}} | {ratio:.3f} (1/{1 / ratio:.0f}) | "
+                    f"{rng} |")
     if load:
         text += ["", f"Weight load: median of {load['loads']} in-place loads (min {load['min_ms']:.1f} ms, max "
                  f"{load['max_ms']:.1f} ms) of the producer benchmark's model: file read, copy into the engine's "
@@ -171,4 +189,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    guard.main(main)

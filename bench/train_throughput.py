@@ -41,12 +41,13 @@ from vllm import LLM, SamplingParams
 from transformers import AutoTokenizer
 from pipeline.data import load_dataset, render_prompt
 if __name__ == "__main__":
-    model, data, k, new_tokens, part, parts = sys.argv[1:7]
+    model, data, k, new_tokens, part, parts, eager = sys.argv[1:8]
     k, new_tokens, part, parts = int(k), int(new_tokens), int(part), int(parts)
     tok = AutoTokenizer.from_pretrained(model)
     exs = load_dataset(data)[part::parts]
     prompts = [render_prompt(ex.problem, "auto", tok) for ex in exs]
-    llm = LLM(model=model, max_model_len=1024, seed=0, enable_chunked_prefill=False, max_num_batched_tokens=4096)
+    llm = LLM(model=model, max_model_len=1024, seed=0, enable_chunked_prefill=False, max_num_batched_tokens=4096,
+              enforce_eager=eager == "1")
     llm.generate(prompts[:8], SamplingParams(n=k, max_tokens=new_tokens, seed=1), use_tqdm=False)  # warm-up
     t0 = time.perf_counter()
     outs = llm.generate(prompts, [SamplingParams(n=k, max_tokens=new_tokens, seed=i) for i in range(len(prompts))],
@@ -56,13 +57,14 @@ if __name__ == "__main__":
 """
 
 
-def offline(model: Path, data: Path, k: int, new_tokens: int, engines: int) -> dict:
+def offline(model: Path, data: Path, k: int, new_tokens: int, engines: int, eager: bool = False) -> dict:
     """Generated tokens/s of `engines` offline engines run at once, the cores split evenly between them."""
     threads = max(1, (os.cpu_count() or 2) // engines)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
            "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(ROOT)}
     procs = [subprocess.Popen([sys.executable, "-c", OFFLINE, str(model), str(data), str(k), str(new_tokens),
-                               str(i), str(engines)], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               str(i), str(engines), "1" if eager else "0"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL,
                               text=True, cwd=ROOT) for i in range(engines)]
     results = []
     for p in procs:
@@ -141,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--k", type=int, default=4, help="samples per prompt offline (= sampling.group_size, GRPO's n)")
     p.add_argument("--out", default=str(RESULTS / "train_throughput"))
-    p.add_argument("--smoke", action="store_true", help="one offline engine, one 1-producer run of 1 step, no "
-                   "time-to-first-step part (no trained model needed): checks that every path runs")
+    p.add_argument("--smoke", action="store_true", help="one offline engine, one 1-producer run of 1 step, eager "
+                   "engines, no time-to-first-step part (no trained model needed): checks that every path runs")
     args = p.parse_args(argv)
     from pipeline.testing.realistic_model import ensure_realistic_model, save_untrained, write_problems
 
@@ -153,10 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         data = write_problems(Path(tmp) / "addition.jsonl", args.prompts, seed=5)
         runs = Path(tmp) / "runs"
         grpo = ("--sampling.exit_rule", "fixed", "--buffer.unresolved", "keep")
+        eager = ("--producers.engine.enforce_eager", "true") if args.smoke else ()  # no compilation: starts faster
         res = {"command": "python -m bench.train_throughput " + " ".join(argv or sys.argv[1:]),
                "prompts": args.prompts, "k": args.k, "max_new_tokens": args.max_new_tokens,
-               "offline": [offline(untrained, data, args.k, args.max_new_tokens, n) for n in counts],
-               "train": [train(untrained, data, runs, n, args.steps, args.max_new_tokens, *grpo) for n in counts],
+               "offline": [offline(untrained, data, args.k, args.max_new_tokens, n, args.smoke) for n in counts],
+               "train": [train(untrained, data, runs, n, args.steps, args.max_new_tokens, *grpo, *eager)
+                         for n in counts],
                "first_step": [] if trained is None else [train(trained, data, runs, n, 3, 48) for n in counts]}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
