@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import ConfigError, load_config
-from pipeline.rewards import RewardPool, check_reward_config, load_reward_fn, score_guarded, verify
+from pipeline.rewards import RewardPool, check_reward_config, load_reward_fn, sandbox, score_guarded, verify
 from pipeline.rewards.code import last_python_block, run_program, unit_tests
 from pipeline.rewards.match import exact_match, final_answer, normalize_text
 
@@ -219,9 +219,11 @@ def test_unit_tests_pass_and_fail():
         "import sys\nsys.exit(0)",  # an early exit with status 0 is not a pass
         "import os\nos._exit(0)",
         "raise SystemExit",
-        "import os\nos.system('touch {marker}')",
-        "import subprocess\nsubprocess.run(['touch', '{marker}'])",
-        "import os\nos.kill(os.getppid(), 9)",  # kill the caller
+        # Each attack below must succeed for the program to go on to define `add` (with the old in-process guard
+        # these raised PermissionError; now the box has no view of tmp_path and no other process to signal).
+        "import os\nassert os.system('touch {marker}') == 0",
+        "import subprocess\nsubprocess.run(['touch', '{marker}'], check=True)",
+        "import os\nos.kill({caller}, 9)",  # kill the caller
         "import shutil\nshutil.rmtree('{victim}')",
         "import os\nos.remove('{victim}/keep')",
         "x = bytearray(8 << 30)",  # more memory than allowed
@@ -229,10 +231,12 @@ def test_unit_tests_pass_and_fail():
     ],
 )
 def test_hostile_programs_score_zero_and_harm_nothing(tmp_path, program):
+    if sandbox.isolation().kind != sandbox.BWRAP and "{" in program:
+        pytest.skip(f"needs bubblewrap (isolation here: {sandbox.isolation().kind}); {sandbox.INSTALL_HINT}")
     marker, victim = tmp_path / "marker", tmp_path / "victim"
     victim.mkdir()
     (victim / "keep").write_text("precious")
-    code = program.format(marker=marker, victim=victim) + "\ndef add(a, b):\n    return a + b"
+    code = program.format(marker=marker, victim=victim, caller=os.getpid()) + "\ndef add(a, b):\n    return a + b"
     assert unit_tests(block(code), "", tests=TESTS) == 0.0
     assert not marker.exists() and (victim / "keep").read_text() == "precious"
 
@@ -245,11 +249,11 @@ def test_a_flood_of_output_or_an_endless_loop_stops_at_the_limit():
 
 
 @pytest.mark.slow
-def test_code_reward_in_the_pool_is_cut_by_the_worker_deadline(tmp_path):
+def test_code_reward_in_the_pool_is_cut_by_the_worker_deadline():
     """The worker's own time limit (shorter than the code reward's) stops the program, and nothing it started
-    survives."""
-    pid_file = tmp_path / "pid"
-    hang = block(f"import os\nopen('{pid_file}', 'w').write(str(os.getpid()))\nwhile True:\n    pass")
+    survives (the program becomes a `sleep` with a unique argument, found by its command line)."""
+    marker = f"{700 + os.getpid() % 99}.{time.monotonic_ns() % 10**6}"
+    hang = block(f"import os\nos.execv('/bin/sleep', ['sleep', '{marker}'])")
     with RewardPool(num_workers=1, timeout_s=2.0, fn="pipeline.rewards.code:unit_tests",
                     extra_names=["tests"]) as pool:
         assert pool.wait_ready(60)
@@ -258,14 +262,25 @@ def test_code_reward_in_the_pool_is_cut_by_the_worker_deadline(tmp_path):
         assert scores == [0.0, 1.0, 0.0]
         assert time.monotonic() - start < 8.0
         assert pool.metrics()["reward_timeouts"] == 1 and pool.num_replaced == 0
-    pid = int(pid_file.read_text())
+
+    def alive() -> bool:
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                if marker.encode() in cmdline.read_bytes():
+                    return True
+            except OSError:
+                pass
+        return False
+
     deadline = time.monotonic() + 5
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+    while alive() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not Path(f"/proc/{pid}").exists(), "the program outlived its reward call"
+    assert not alive(), "the program outlived its reward call"
 
 
-def test_run_program_needs_the_harness_to_finish():
-    assert run_program("x = 1") is True
-    assert run_program("import sys; sys.stdout.close()") is True  # closing stdout does not hide the result
-    assert run_program("assert False") is False
+def test_run_program_needs_the_tests_to_finish():
+    """run_program(program, tests): the tests run in a box of their own (it took one source with both before)."""
+    assert run_program("x = 1", "assert x == 1") is True
+    assert run_program("import sys; sys.stdout.close()", "pass") is True  # closing stdout does not hide the result
+    assert run_program("assert False", "pass") is False
+    assert run_program("x = 1", "assert x == 2") is False

@@ -13,7 +13,7 @@ A function may carry `fn.warmup`, a callable that a worker runs once before its 
 dependencies outside any time limit; the math reward does).
 
 A new reward is a function in a module plus `reward.fn` naming it. Built in: `math.py` (math-verify, the default),
-`match.py` (exact match on a normalised string), `code.py` (unit tests run in a subprocess).
+`match.py` (exact match on a normalised string), `code.py` (unit tests run in sandboxes).
 
 Invariant: `load_reward_fn` returns a callable that accepts (completion, answer, **extras) for the given extra
 names, or raises ConfigError naming reward.fn and the fix; it never returns something that fails at call time
