@@ -1,0 +1,262 @@
+"""Every bench runs in the suite, small (issue #25): each module of bench/ is named here with the test that runs its
+real code path on tiny inputs, so an API change breaks `make test`, not `make bench`. And a bench that fails, fails
+fast and leaves nothing behind: killed mid-run, no process of it is left (bench/guard.py).
+
+A new bench module needs a line in SMOKE naming its smoke test (test_every_bench_module_has_a_smoke_test fails
+otherwise). Benches that start vLLM engines run them on tiny models, marked slow; so are the multi-process ones.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from bench import guard
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = "tests/test_bench_smoke.py"
+TABLE2 = "tests/test_bench_table2.py::test_cli_writes_json_and_markdown_rendered_from_it"
+SAMPLING = "tests/test_bench_sampling.py::test_cli_writes_table_and_plot"
+ALLOCATION = "tests/test_bench_sampling.py::test_allocation_bench_drives_every_policy_and_reports_the_goals"
+E2E = f"{HERE}::test_e2e_bench_trains_and_evaluates_a_tiny_sweep"
+THROUGHPUT = f"{HERE}::test_throughput_smoke_runs_every_component"
+
+# bench module -> the test that runs it (library modules: the test of the bench that uses them)
+SMOKE = {
+    "allocation": ALLOCATION,
+    "allocation_report": ALLOCATION,
+    "buffer_ingest": THROUGHPUT,
+    "costmodel": TABLE2,
+    "e2e": E2E,
+    "e2e_data": E2E,
+    "e2e_eval": E2E,
+    "e2e_report": E2E,
+    "e2e_runs": E2E,
+    "e2e_stats": E2E,
+    "e2e_strategies": E2E,
+    "engine_sim": TABLE2,
+    "flood": "tests/test_adversarial_wire.py::test_memory_stays_flat_under_a_flood_of_new_identities",
+    "guard": f"{HERE}::test_a_bench_killed_mid_run_leaves_no_process",
+    "learner": f"{HERE}::test_learner_bench_publish_baseline_and_spread",
+    "pipeline": f"{HERE}::test_pipeline_bench_smoke",
+    "population": SAMPLING,
+    "producer": THROUGHPUT,
+    "reference_trace": TABLE2,
+    "run_all": f"{HERE}::test_run_all_goes_on_after_failures_and_reports_them_all",
+    "sampling": SAMPLING,
+    "sampling_sim": SAMPLING,
+    "soak": "tests/test_soak.py::test_soak_memory_flat_and_nothing_lost",
+    "table2": TABLE2,
+    "table2_report": TABLE2,
+    "throughput": THROUGHPUT,
+    "train_throughput": f"{HERE}::test_train_throughput_smoke",
+    "weights": f"{HERE}::test_weights_bench_smoke",
+}
+# bench/peer_trl.py is being written by another change, which adds its own smoke test (and its line here)
+NOT_YET = {"peer_trl"}
+
+
+def _bench(*args: str, timeout_s: float = 600) -> guard.Outcome:
+    out = guard.run([sys.executable, "-m", *args], timeout_s, echo=False, tail_lines=40)
+    assert out.code == 0, f"python -m {' '.join(args)}: exit {out.code}\n{out.tail}"
+    assert out.leftovers == 0, f"python -m {' '.join(args)} left {out.leftovers} process(es) running"
+    return out
+
+
+# ---------------------------------------------------------------- the rule itself
+
+
+def test_every_bench_module_has_a_smoke_test():
+    modules = {p.stem for p in (ROOT / "bench").glob("*.py")} - {"__init__"} - NOT_YET
+    missing = sorted(modules - set(SMOKE))
+    assert not missing, (f"bench modules without a smoke test: {missing}; add a test that runs each on tiny inputs "
+                         f"and name it in SMOKE in {HERE}")
+    assert not set(SMOKE) - modules, f"SMOKE names modules that are gone: {sorted(set(SMOKE) - modules)}"
+    for module, node in SMOKE.items():
+        path, name = node.split("::")
+        tree = ast.parse((ROOT / path).read_text())
+        names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        assert name in names, f"SMOKE[{module!r}] names {node}, which does not exist"
+
+
+def test_every_bench_entry_point_is_guarded():
+    """A bench run as a script stops everything it started however it ends (bench.guard.main)."""
+    for path in (ROOT / "bench").glob("*.py"):
+        text = path.read_text()
+        if path.stem in NOT_YET or 'if __name__ == "__main__":' not in text:
+            continue
+        entry = text.split('if __name__ == "__main__":')[-1]
+        assert "guard.main(main)" in entry, f"{path.name}: end it with `guard.main(main)` (see bench/guard.py)"
+
+
+# ---------------------------------------------------------------- fails fast, leaves nothing
+
+
+def _alive(pids: list[int]) -> list[int]:
+    left = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+def test_a_failing_bench_exits_at_once_and_stops_its_children(tmp_path):
+    script = tmp_path / "failing.py"
+    script.write_text(textwrap.dedent("""
+        import subprocess, sys
+        from bench import guard
+
+        def main():
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+            print(child.pid, flush=True)
+            raise RuntimeError("boom")
+
+        guard.main(main)
+    """))
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 1 and "RuntimeError: boom" in proc.stderr
+    assert time.monotonic() - t0 < 30
+    assert _alive([int(proc.stdout.split()[0])]) == []
+
+
+def test_run_stops_a_bench_that_ignores_sigterm_and_whose_child_holds_its_pipe():
+    """The hang of issue #25: past the limit, the bench and an orphan that holds its output pipe are killed."""
+    code = textwrap.dedent("""
+        import signal, subprocess, sys, time
+        ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+        print(subprocess.Popen([sys.executable, "-c", ignore]).pid, flush=True)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(120)
+    """)
+    t0 = time.monotonic()
+    out = guard.run([sys.executable, "-c", code], 3, echo=False, grace_s=1)
+    assert out.code == "timeout" and time.monotonic() - t0 < 30
+    assert _alive([int(out.tail.split()[0])]) == []
+
+
+@pytest.mark.slow
+def test_a_bench_killed_mid_run_leaves_no_process(tmp_path, tiny_model_dir):
+    """bench.pipeline (a buffer, scripted producers and the learner as processes), SIGTERMed once they run: it
+    exits non-zero within seconds and none of its processes is left."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench.pipeline", "--steps", "200", "--out", str(tmp_path / "p.md")],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        end = time.monotonic() + 120
+        seen: dict[int, psutil.Process] = {}
+        while time.monotonic() < end and len(seen) < 3:  # the buffer and both producers
+            seen.update((p.pid, p) for p in guard.descendants(proc.pid))
+            time.sleep(0.2)
+        assert len(seen) >= 3, "bench.pipeline never started its processes"
+        time.sleep(2)
+        seen.update((p.pid, p) for p in guard.descendants(proc.pid))
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+        assert code != 0 and time.monotonic() - t0 < 20
+        time.sleep(0.5)
+        assert _alive(list(seen)) == [], "processes of the killed bench still run"
+        assert guard.group_members(proc.pid) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_run_all_goes_on_after_failures_and_reports_them_all(capsys):
+    from bench import run_all
+
+    py = ["-c"]
+    benches = [("fails", [*py, "raise SystemExit(3)"], 30), ("hangs", [*py, "import time; time.sleep(120)"], 2),
+               ("works", [*py, "print('fine')"], 30)]
+    t0 = time.monotonic()
+    assert run_all.main([], benches=benches) == 1
+    assert time.monotonic() - t0 < 30
+    out = capsys.readouterr().out
+    assert "=== works: exit 0" in out and "2 of 3 benchmarks failed" in out
+    assert "--- fails (exit 3)" in out and "--- hangs (timed out after" in out
+    for name, args, _ in run_all.BENCHES:  # the real list names modules that exist, each with a main
+        assert args[0] == "-m" and callable(__import__(args[1], fromlist=["main"]).main), name
+
+
+# ---------------------------------------------------------------- each bench, small
+
+
+def test_learner_bench_publish_baseline_and_spread(tmp_path):
+    """bench.learner in-process: the publish rows' baseline is memcpy into preallocated memory, with its spread."""
+    from bench import learner
+
+    out = tmp_path / "learner.md"
+    assert learner.main(["--reps", "1", "--hidden", "64", "--layers", "1", "--vocab", "256", "--groups", "2",
+                         "--big-mib", "32", "--publish-reps", "2", "--out", str(out)]) == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    for p in data["publish"].values():
+        s = p["ratio_to_memcpy_spread"]
+        assert 0 < s["min"] <= s["median"] <= s["max"] and p["memcpy_mbs"] > 0
+    assert "memcpy (preallocated)" in out.read_text()
+
+
+@pytest.mark.slow
+def test_throughput_smoke_runs_every_component(tmp_path):
+    """bench.throughput --smoke: bench.buffer_ingest (a buffer process), bench.producer (real vLLM engines on a
+    random tiny Llama) and bench.learner as subprocesses, and the table with each ratio's spread."""
+    out = tmp_path / "throughput.md"
+    _bench("bench.throughput", "--smoke", "--results", str(tmp_path), "--out", str(out), timeout_s=900)
+    text = out.read_text()
+    for row in ("buffer ingest", "producer generation", "learner step", "weight publish",
+                "producer in-place weight load"):
+        assert row in text, f"no {row!r} row:\n{text}"
+    assert "failed" not in text and "copy into new memory" not in text
+    for name in ("buffer_ingest", "producer", "learner"):
+        assert (tmp_path / f"{name}.json").is_file()
+
+
+@pytest.mark.slow
+def test_pipeline_bench_smoke(tmp_path, tiny_model_dir):
+    out = tmp_path / "pipeline.md"
+    _bench("bench.pipeline", "--steps", "4", "--batch", "2", "--out", str(out))
+    assert "| 0 |" in out.read_text() and "| 2 |" in out.read_text()
+
+
+@pytest.mark.slow
+def test_weights_bench_smoke(tmp_path, tiny_model_dir):
+    _bench("bench.weights", "--reps", "1", "--members", "1", "--big-mib", "16", "--out", str(tmp_path))
+    data = json.loads((tmp_path / "weights.json").read_text())
+    assert {r["set"] for r in data["results"]} == {"tiny model", "16 MiB set"}
+    assert all("ratio_spread" in r for r in data["results"])
+
+
+@pytest.mark.slow
+def test_e2e_bench_trains_and_evaluates_a_tiny_sweep(tmp_path, tiny_model_dir):
+    """bench.e2e for real: one GRPO run of 2 steps (`reinforce-ada train`: buffer, two vLLM producers, the
+    learner), then bench.e2e_eval on 20 held-out problems, the statistics, the markdown and the plot."""
+    _bench("bench.e2e", "--seeds", "1", "--steps", "2", "--eval-every", "2", "--strategies", "grpo",
+           "--eval-problems", "20", "--k", "1", "--out", str(tmp_path), "--name", "smoke", timeout_s=900)
+    data = json.loads((tmp_path / "smoke.json").read_text())
+    assert [r["code"] for r in data["runs"]] == [0]
+    assert (tmp_path / "smoke.md").is_file() and (tmp_path / "smoke.png").is_file()
+
+
+@pytest.mark.slow
+def test_train_throughput_smoke(tmp_path):
+    """bench.train_throughput --smoke: one offline vLLM engine and one `reinforce-ada train` run on the realistic
+    model's shape (random weights, no trained model needed)."""
+    out = tmp_path / "tt"
+    _bench("bench.train_throughput", "--smoke", "--prompts", "8", "--steps", "1", "--max-new-tokens", "8",
+           "--out", str(out), timeout_s=900)
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["offline"][0]["tokens"] > 0 and data["train"][0]["tokens_per_s"] > 0
