@@ -244,8 +244,9 @@ def test_weights_bench_smoke(tmp_path, tiny_model_dir):
 def test_e2e_bench_trains_and_evaluates_a_tiny_sweep(tmp_path, tiny_model_dir):
     """bench.e2e for real: one GRPO run of 2 steps (`reinforce-ada train`: buffer, two vLLM producers, the
     learner), then bench.e2e_eval on 20 held-out problems, the statistics, the markdown and the plot."""
-    _bench("bench.e2e", "--seeds", "1", "--steps", "2", "--eval-every", "2", "--strategies", "grpo",
-           "--eval-problems", "20", "--k", "1", "--out", str(tmp_path), "--name", "smoke", timeout_s=900)
+    _bench("bench.e2e", "--seeds", "1", "--settings", "normal", "--steps", "2", "--eval-every", "2",
+           "--strategies", "grpo", "--eval-problems", "20", "--k", "1", "--out", str(tmp_path), "--name", "smoke",
+           timeout_s=900)
     data = json.loads((tmp_path / "smoke.json").read_text())
     assert [r["code"] for r in data["runs"]] == [0]
     assert (tmp_path / "smoke.md").is_file() and (tmp_path / "smoke.png").is_file()
@@ -256,7 +257,7 @@ def test_train_throughput_smoke(tmp_path):
     """bench.train_throughput --smoke: one offline vLLM engine and one `reinforce-ada train` run on the realistic
     model's shape (random weights, no trained model needed)."""
     out = tmp_path / "tt"
-    _bench("bench.train_throughput", "--smoke", "--prompts", "8", "--steps", "1", "--max-new-tokens", "8",
+    _bench("bench.train_throughput", "--smoke", "--prompts", "8", "--steps", "2", "--max-new-tokens", "8",
            "--out", str(out), timeout_s=900)
     data = json.loads(out.with_suffix(".json").read_text())
-    assert data["offline"][0]["tokens"] > 0 and data["train"][0]["tokens_per_s"] > 0
+    assert data["offline"][0]["tokens"] > 0 and data["train"][0]["steps"] == 2
