@@ -1,6 +1,8 @@
 """`reinforce-ada plot RUN [RUN ...]`: PNG plots of one run, or several overlaid.
 
 Reads `RUN/metrics.jsonl` (one row per learner step) and `RUN/eval.jsonl` (one row per held-out evaluation).
+`ledger.png` stacks the generated tokens by fate (the rows' `ledger/<fate>_tokens`, pipeline/buffer/ledger.py)
+over the steps, of the first run that has them: stacked areas of several runs cannot be overlaid.
 """
 
 from __future__ import annotations
@@ -87,7 +89,38 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
         fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)
+    written.append(plot_ledger(data, out_dir / LEDGER_PNG, plt))
     return written
+
+
+LEDGER_PNG = "ledger.png"
+
+
+def plot_ledger(data: dict[Path, tuple[list[dict], list[dict]]], path: Path, plt: object) -> Path:
+    """A stacked area of the generated tokens by fate (cumulative) over learner steps; see the module docstring."""
+    from pipeline.buffer.ledger import FATES
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    name, rows = next(((run.name, [r for r in steps if "ledger/generated_tokens" in r and "step" in r])
+                       for run, (steps, _) in data.items()
+                       if any("ledger/generated_tokens" in r for r in steps)), ("", []))
+    fates = [f for f in FATES if any(r.get(f"ledger/{f}_tokens", 0) for r in rows)]
+    if rows and fates:
+        xs = [r["step"] for r in rows]
+        ax.stackplot(xs, *[[max(0.0, r.get(f"ledger/{f}_tokens", 0.0)) for r in rows] for f in fates],
+                     labels=fates, alpha=0.85)
+        ax.plot(xs, [r["ledger/generated_tokens"] for r in rows], "k--", lw=1, label="generated")
+        ax.legend(fontsize=7, loc="upper left", ncol=2)
+    else:
+        ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
+    ax.set_title(f"every generated token by fate (cumulative){' - ' + name if name else ''}")
+    ax.set_xlabel("learner step (= weight version)")
+    ax.set_ylabel("completion tokens")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -177,11 +177,13 @@ def test_plots_single_and_overlay(tmp_path):
         run.mkdir()
         (run / "metrics.jsonl").write_text("\n".join(json.dumps(
             {"step": i, "reward_mean": 0.1 * i, "staleness_mean": 0.5, "staleness_max": 1,
-             "buffer/samples_per_released_group": 9.0, "producers/busy": 0.8, "learner_busy": 0.5})
+             "buffer/samples_per_released_group": 9.0, "producers/busy": 0.8, "learner_busy": 0.5,
+             "ledger/generated_tokens": 100 * i, "ledger/trained_tokens": 40 * i, "ledger/exit_cut_tokens": 60 * i})
             for i in range(1, 5)) + "\n")
         (run / "eval.jsonl").write_text(json.dumps({"version": 0, "accuracy": acc}) + "\n")
     files = plot_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "out")
-    assert len(files) == 5 and all(f.stat().st_size > 5000 for f in files)
+    assert len(files) == 6 and all(f.stat().st_size > 5000 for f in files)
+    assert files[-1].name == "ledger.png"  # the tokens by fate, stacked (the first run's)
 
 
 def test_train_refuses_a_reward_it_cannot_load_before_starting_anything(tmp_path, capsys):

@@ -3,11 +3,15 @@
 The buffer's view comes from its MetricsSnapshot (`samples_received`, `positive_rate`, `active`, `released`,
 `released_partial`, `dropped_unresolved`, `dropped_zero_variance`, `groups_waiting`, `learner_version`, and per
 producer `tokens_per_s`, `samples_done`): the numbers that say why a slow run is slow (nothing generated, no
-reward, every prompt dropped). A missing key shows as "-", never as an error.
+reward, every prompt dropped), and its `ledger`: every generated token by fate (pipeline/buffer/ledger.py), one
+line in the live view and the progress lines, a table in the closing summary (from RUN/ledger.json, which the
+buffer writes once the producers' final reports are in, else the last snapshot's). A missing key shows as "-",
+never as an error.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -19,6 +23,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
+from pipeline.buffer.ledger import compact, table
 from pipeline.export import HF_DIR, latest_checkpoint
 from pipeline.jsonl import JsonlTail as JsonlTail  # the live view's reader of metrics.jsonl and eval.jsonl
 from pipeline.plots import plot_runs
@@ -87,7 +92,7 @@ def progress_line(buf: dict[str, Any]) -> str:
                       for name, s in sorted(prods.items())) or "no producer seen"
     return (f"progress | samples {_num(buf, 'samples_received')} (pass rate {_num(buf, 'positive_rate', '{:.3f}')})"
             f" | prompts {prompts_text(buf)} | groups waiting {_num(buf, 'groups_waiting')} | learner version "
-            f"{_num(buf, 'learner_version')} | {rates}")
+            f"{_num(buf, 'learner_version')} | {rates} | ledger {compact(buf.get('ledger') or {})}")
 
 
 def render(state: RunState) -> Any:
@@ -127,6 +132,7 @@ def render(state: RunState) -> Any:
             btable.add_row(key.replace("_", " "), str(buf[key]))
     if "samples_per_released_group" in buf:
         btable.add_row("samples/group", f"{buf['samples_per_released_group']:.1f}")
+    btable.add_row("tokens by fate", compact(buf.get("ledger") or {}))
     if buf.get("rounds_to_exit"):
         btable.add_row("rounds to exit", " ".join(f"{k}:{v}" for k, v in sorted(buf["rounds_to_exit"].items())))
 
@@ -193,6 +199,24 @@ def per_benchmark(row: dict) -> str:
     return "".join(f" | {name} Ave {b['ave_at_k']:.3f} pass {b['pass_at_k']:.3f}" for name, b in benches.items())
 
 
+def ledger_lines(run_dir: Path, last: dict[str, Any]) -> list[str]:
+    """The closing ledger table: RUN/ledger.json (complete: every producer's final report was in), else `last`,
+    the buffer's latest snapshot of it."""
+    led, source = last, "the buffer's last report; the run ended before its final ledger"
+    try:
+        led = json.loads((run_dir / "ledger.json").read_text())
+        source = "complete" if led.get("complete") else "written before every producer's final report came in"
+    except (OSError, ValueError):
+        pass
+    if not led.get("generated_tokens"):
+        return []
+    lines = [f"every generated token by fate ({source}): {int(led['generated_samples']):,} samples, "
+             f"{int(led['generated_tokens']):,} tokens"]
+    lines += [f"  {fate:<14} {num:>10,} samples {tokens:>12,} tokens {share:7.1%}"
+              for fate, num, tokens, share in table(led) if num or tokens]
+    return lines
+
+
 def summarise(state: RunState, run_dir: Path, wall_s: float) -> None:
     """The closing lines: held-out accuracy at the first and the latest version (eval.jsonl is in version order),
     per benchmark when there are several, steps and time, the exported model and the plots drawn."""
@@ -201,6 +225,8 @@ def summarise(state: RunState, run_dir: Path, wall_s: float) -> None:
         print(f"held-out Ave@{first['k']}: {first['accuracy']:.3f} at version {first['version']} -> "
               f"{last['accuracy']:.3f} at version {last['version']}{per_benchmark(last)}")
     print(f"{len(state.steps)} learner steps in {wall_s / 60:.1f} min; run directory {run_dir}")
+    for line in ledger_lines(run_dir, state.buffer.get("ledger") or {}):
+        print(line)
     ckpt = latest_checkpoint(run_dir / "checkpoints")
     if ckpt is not None and (ckpt / HF_DIR / "config.json").is_file():
         print(f"trained model (Hugging Face format, loads in transformers and vLLM): {ckpt / HF_DIR}; evaluate it "
