@@ -107,6 +107,8 @@ def main(fn: Callable[[], int | None], grace_s: float = GRACE_S) -> None:
         code = int(result or 0) if not isinstance(result, dict) else 0  # some mains return their numbers
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if isinstance(exc.code, str):  # SystemExit("message"): the message is the error
+            print(exc.code, file=sys.stderr, flush=True)
         if code:
             print(f"bench stopped (exit {code})", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
