@@ -185,8 +185,8 @@ class Generation:
         r["lost_tokens"] += inc.gen[1] - inc.reported[1]
 
     def complete(self, silent: Callable[[str], bool]) -> bool:
-        """Whether every producer still heard from has sent its final heartbeat."""
-        return all(inc.final or silent(name) for name, inc in self.live.items())
+        """Whether every producer still heard from that sends counters has sent its final heartbeat."""
+        return all(inc.final or silent(name) or inc.started_at is None for name, inc in self.live.items())
 
     def totals(self, silent: Callable[[str], bool]) -> dict[str, float]:
         """Generated (training, evaluation) and lost so far; a silent producer's undelivered samples count as

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 TICK_S = 0.05  # the poll timeout: timers run at least this often
 DRAIN_LIMIT = 256  # messages handled per wake-up at most, so that a burst never starves the timers
 FRAME_SLACK = 2  # how far above the largest message a client sends the frame limit lies (a factor)
-FINAL_REPORTS_S = 10.0  # after the Shutdown, producers' last results and final heartbeats are awaited this long
+FINAL_REPORTS_S = 5.0  # after the Shutdown, producers' last results and final heartbeats are awaited this long
 
 
 def max_frames(cfg: Config) -> int:
