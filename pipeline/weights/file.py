@@ -10,7 +10,12 @@ Invariants:
 - only the newest `keep` files stay; a producer that still reads an older one keeps its open mmap valid on
   Linux even after the unlink;
 - a producer loads a file only when it is the run's file of the announced version: `weights_dir/v{version}` once
-  symlinks are resolved (`file_uri_problem`).
+  symlinks are resolved (`file_uri_problem`);
+- the weights folder is private: created atomically with mode 0700, and refused when reused if it is a symbolic
+  link, not this user's, or open to group or others (the default folder's name in /dev/shm is predictable, so
+  another local user could create it first and swap the files producers load); weight files are 0600, written
+  through a temporary file created with O_EXCL (a link planted at its name is removed, never followed), and
+  opened for reading with O_NOFOLLOW: no link is ever followed to write or read weights.
 
 Several machines: `weights.dir` must then be a filesystem every producer reads (NFS, a shared disk); the dist
 transport (dist.py) needs none.
@@ -18,29 +23,97 @@ transport (dist.py) needs none.
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from pipeline import protocol as P
 from pipeline.weights.uris import FILE_NAME, local_path, weights_path
+
+PRIVATE_DIR_MODE = 0o700
+WEIGHT_FILE_MODE = 0o600
+
+
+def _folder_problem(path: Path, st: os.stat_result) -> str:
+    if not stat.S_ISDIR(st.st_mode):
+        return (f"weights folder {path} is not a folder; remove it (rm {path}) or set weights.dir to a folder of "
+                "your own")
+    if st.st_uid != os.geteuid():
+        return (f"weights folder {path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()}): another "
+                "user may have created it to swap the weight files producers load; have it removed (by its owner or "
+                "root) or set weights.dir to a folder of your own")
+    if st.st_mode & 0o077:
+        return (f"weights folder {path} has mode {stat.S_IMODE(st.st_mode):04o}: others could swap the weight files "
+                f"producers load; it must be 0700 (only you): chmod 700 {path}")
+    return ""
+
+
+def open_private_dir(path: str | Path, create: bool = False) -> int:
+    """A descriptor of the weights folder `path` (the caller closes it): a real folder (not a symbolic link) of
+    this user with no access for group or others; with `create`, made first when missing (mode 0700, in one mkdir,
+    so it is ours or the call fails). PermissionError naming the folder and the fix otherwise."""
+    p = Path(path)
+    if create:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(p, PRIVATE_DIR_MODE)
+        except FileExistsError:
+            pass  # reused: checked below like any other
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"weights folder {p} does not exist (the learner creates it when it publishes its "
+                                "first version)") from None
+    except OSError as e:
+        if os.path.islink(p):
+            raise PermissionError(f"weights folder {p} is a symbolic link (to {os.readlink(p)}): weights are never "
+                                  f"written or read through a link; remove it (rm {p}) or set weights.dir to a "
+                                  "folder of your own") from None
+        if e.errno == errno.ENOTDIR:
+            raise PermissionError(_folder_problem(p, os.lstat(p))) from None
+        raise
+    problem = _folder_problem(p, os.fstat(fd))
+    if problem:
+        os.close(fd)
+        raise PermissionError(problem)
+    return fd
 
 
 def iter_file(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of a published file, one tensor at a time (memory-mapped; what reload_weights takes).
 
     A missing or unreadable file raises here, before the first tensor is asked for (a reload that fails midway
-    would leave the model half loaded)."""
+    would leave the model half loaded); so does a file that is a symbolic link, or in a folder that is not private
+    (`open_private_dir`)."""
     p = Path(path)
-    if not p.is_file():
+    folder = open_private_dir(p.parent)
+    try:
+        fd = os.open(p.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+    except FileNotFoundError:
         raise FileNotFoundError(f"weights file {p} does not exist (the learner writes it before it announces the "
-                                "version; was it pruned? weights.keep too small?)")
-    f = safe_open(str(p), framework="pt", device="cpu")
+                                "version; was it pruned? weights.keep too small?)") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise PermissionError(f"weights file {p} is a symbolic link: weight files are never read through a "
+                                  f"link; remove it (rm {p}): the learner writes each version as a file") from None
+        raise
+    finally:
+        os.close(folder)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise PermissionError(f"weights file {p} is not a regular file of this user (uid {st.st_uid}); remove "
+                                  "it: only the learner's own files are loaded")
+        f = safe_open(f"/proc/self/fd/{fd}", framework="pt", device="cpu")  # this very file, whatever its name
+    finally:
+        os.close(fd)  # the memory map keeps the file
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
         for name in f.keys():
@@ -69,6 +142,40 @@ def prune(weights_dir: str | Path, keep: int) -> list[int]:
     return gone
 
 
+_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+           torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+
+
+def _write_safetensors(fd: int, state_dict: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """`state_dict` in the safetensors format, streamed to the open file `fd` one tensor at a time (safetensors'
+    own save_file takes a path, which it would follow if it were a link, and save() would hold a second copy of
+    every tensor in memory)."""
+    header: dict = {"__metadata__": metadata}
+    offset = 0
+    names = sorted(state_dict)
+    for name in names:
+        t = state_dict[name]
+        if t.dtype not in _DTYPES:
+            raise ValueError(f"tensor {name!r} has dtype {t.dtype}, which safetensors cannot store")
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the data start 8-byte aligned, as safetensors writes them
+    _write_all(fd, len(head).to_bytes(8, "little") + head)
+    for name in names:
+        t = state_dict[name].detach().cpu().contiguous()
+        if t.numel():
+            _write_all(fd, t.reshape(-1).view(torch.uint8).numpy())
+
+
+def _write_all(fd: int, data) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def publish_weights(state_dict: dict[str, torch.Tensor], weights_dir: str | Path, version: int,
                     keep: int = 2) -> P.WeightAnnouncement:
     """Write `state_dict` as `weights_dir/v{version:06d}.safetensors` atomically; keep the newest `keep` files.
@@ -82,32 +189,36 @@ def publish_weights(state_dict: dict[str, torch.Tensor], weights_dir: str | Path
     if not state_dict:
         raise ValueError("refusing to publish an empty state dict")
     out_dir = Path(weights_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     final = weights_path(out_dir, version)
-    tmp = out_dir / f".{final.name}.tmp"
-    save_file(state_dict, str(tmp), metadata={"format": "pt", "version": str(version)})
-    fd = os.open(tmp, os.O_RDONLY)
+    tmp = f".{final.name}.tmp"
+    metadata = {"format": "pt", "version": str(version)}
+    folder = open_private_dir(out_dir, create=True)
     try:
-        os.fsync(fd)  # the data reach the disk before the name does (free on /dev/shm)
+        try:  # a leftover of a crash, or a link planted at the name: unlink removes the link, never its target
+            os.unlink(tmp, dir_fd=folder)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, WEIGHT_FILE_MODE,
+                     dir_fd=folder)
+        try:
+            os.fchmod(fd, WEIGHT_FILE_MODE)
+            _write_safetensors(fd, state_dict, metadata)
+            os.fsync(fd)  # the data reach the disk before the name does (free on /dev/shm)
+        except BaseException:
+            os.unlink(tmp, dir_fd=folder)
+            raise
+        finally:
+            os.close(fd)
+        os.replace(tmp, final.name, src_dir_fd=folder, dst_dir_fd=folder)
+        try:
+            os.fsync(folder)
+        except OSError:
+            pass  # some filesystems refuse a directory fsync; the rename itself is still atomic
+        num_bytes = os.stat(final.name, dir_fd=folder, follow_symlinks=False).st_size
     finally:
-        os.close(fd)
-    os.replace(tmp, final)
-    _fsync_dir(out_dir)
+        os.close(folder)
     prune(out_dir, keep)
-    return P.WeightAnnouncement(version=version, uri=str(final), num_bytes=final.stat().st_size)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse a directory fsync; the rename itself is still atomic
-    finally:
-        os.close(fd)
+    return P.WeightAnnouncement(version=version, uri=str(final), num_bytes=num_bytes)
 
 
 class FilePublisher:
@@ -136,7 +247,9 @@ class FileLoader:
         self.engine, self.weights_dir = engine, Path(weights_dir)
 
     async def load(self, ann: P.WeightAnnouncement) -> float:
-        return await self.engine.load_weights(os.path.realpath(local_path(ann.uri)), ann.version)
+        path = local_path(ann.uri)  # its folder resolved, its own name not: a link there is refused, not followed
+        return await self.engine.load_weights(os.path.join(os.path.realpath(os.path.dirname(path)),
+                                                           os.path.basename(path)), ann.version)
 
     def close(self) -> None:
         pass
