@@ -1,5 +1,5 @@
 """End to end: `reinforce-ada train` runs the buffer, two real vLLM producers and the learner on the tiny model
-for a few steps, and leaves a complete run directory behind."""
+for a few steps, and leaves a complete run directory behind, with every generated token accounted for."""
 
 import json
 import subprocess
@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from pipeline.buffer.ledger import FATES
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).parents[1]
@@ -28,6 +30,7 @@ def test_train_end_to_end(tmp_path, tiny_model_dir):
         assert r["group_size_min"] == r["group_size_max"] == 4
         assert r["mixed_frac"] == 1.0  # balance + drop: every trained group has a right and a wrong answer
         assert r["staleness_max"] <= 1  # buffer.max_staleness in tiny.toml
+    _assert_every_token_accounted_for(run, rows)
     # both producers took part: the learner starts once both are up, and each followed the weight versions
     assert rows[0]["buffer/producers_alive"] == 2
     for name in ("producer-0", "producer-1"):
@@ -39,7 +42,7 @@ def test_train_end_to_end(tmp_path, tiny_model_dir):
     assert (run / "checkpoints" / "latest").exists()
     assert {p.name for p in (run / "plots").glob("*.png")} >= {"reward.png", "accuracy.png",
                                                               "samples_per_group.png", "staleness.png",
-                                                              "utilisation.png"}
+                                                              "utilisation.png", "ledger.png"}
     assert (run / "commands.sh").read_text().count("pipeline.cli") == 4  # buffer, 2 producers, learner
     for name in ("buffer", "producer-0", "producer-1", "learner"):
         assert (run / "logs" / f"{name}.log").stat().st_size > 0
@@ -54,6 +57,23 @@ def test_train_end_to_end(tmp_path, tiny_model_dir):
     assert ev.returncode == 0, ev.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["model"] == str(export) and result["benchmarks"]["arithmetic"]["problems"] == 20
+
+
+def _assert_every_token_accounted_for(run: Path, rows: list[dict]) -> None:
+    """The ledger (pipeline/buffer/ledger.py) conserves: once both producers' final reports are in, the fates the
+    buffer counted sum to the samples and tokens the producers' engines reported generating, exactly (nothing
+    unreported, nothing lost), and its trained samples are the ones the learner's rows say it trained on."""
+    ledger = json.loads((run / "ledger.json").read_text())
+    print("ledger:", json.dumps(ledger))
+    assert ledger["complete"], ledger
+    for unit in ("samples", "tokens"):
+        assert ledger[f"unreported_{unit}"] == 0 and ledger[f"lost_{unit}"] == 0, ledger
+        assert sum(ledger[f"{fate}_{unit}"] for fate in FATES) == ledger[f"generated_{unit}"] > 0, ledger
+        assert all(ledger[f"{fate}_{unit}"] >= 0 for fate in FATES), ledger
+    assert ledger["trained_samples"] == sum(r["num_samples"] for r in rows)
+    assert ledger["eval_samples"] > 0 and ledger["downsampled_samples"] > 0  # rounds of 8 kept to groups of 4
+    # the learner's rows carry the ledger as it stood at each batch; the trained part grows by a batch per step
+    assert [r["ledger/trained_samples"] for r in rows] == [64 * (i + 1) for i in range(len(rows))]
 
 
 def _logs(run: Path) -> str:
