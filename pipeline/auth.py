@@ -94,6 +94,10 @@ def load_pair(keys_dir: str | os.PathLike, name: str) -> tuple[bytes, bytes]:
             raise _old_layout(root)
         raise SecurityError(f"missing CurveZMQ key {path}: `{MAKE_KEYS}` makes it; copy {name}.key_secret (and "
                             "server.key) to this machine")
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:  # whoever reads it can act as this role (the learner's: take batches, stop the run)
+        raise SecurityError(f"secret key {path} has mode {mode:04o}: other users may read it and act as "
+                            f"{name}; make it readable only by you: chmod 600 {path}")
     public, secret = _read_key(path, secret=True)
     assert secret is not None
     return public, secret

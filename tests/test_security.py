@@ -66,6 +66,7 @@ def _client_dir(tmp_path: Path, name: str, client_from: Path, server_from: Path)
     d.mkdir()
     for f in ("producer.key", "producer.key_secret"):
         (d / f).write_bytes((client_from / f).read_bytes())
+    (d / "producer.key_secret").chmod(0o600)  # a readable secret key is refused (load_pair)
     (d / "server.key").write_bytes((server_from / "server.key").read_bytes())
     return d
 
