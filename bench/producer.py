@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import statistics
 import tempfile
 import time
@@ -138,13 +139,16 @@ async def bench(args) -> dict:
         rows = await _measure(args, engine, llm, prompts)
         _shutdown_offline(llm)
         llm = None
-        weights = Path(args.model) / "model.safetensors"
-        loads = [await engine.load_weights(weights, v + 1) for v in range(args.loads)]
+        # the loader refuses weights in a folder others can write (0700 only): load a copy from a private one
+        with tempfile.TemporaryDirectory(prefix="bench-weights-") as private:
+            weights = Path(shutil.copy2(Path(args.model) / "model.safetensors", private))
+            loads = [await engine.load_weights(weights, v + 1) for v in range(args.loads)]
+            weights_mib = weights.stat().st_size / 2**20
     finally:
         if llm is not None:
             _shutdown_offline(llm)
         await engine.shutdown()
-    return dict(rows=rows, loads=loads, start_s=start_s, weights_mib=weights.stat().st_size / 2**20)
+    return dict(rows=rows, loads=loads, start_s=start_s, weights_mib=weights_mib)
 
 
 def numbers(out: dict) -> dict:
