@@ -88,6 +88,13 @@ def test_honest_solutions_score_one(program, tests):
     assert score(program, tests + "assert False\n") == 0.0  # and a failing test still fails
 
 
+def test_input_sees_an_end_of_file_not_the_channel():
+    start = time.monotonic()
+    program = "try:\n    input()\nexcept EOFError:\n    pass\nimport sys\nassert sys.stdin.read() == ''\n" + CORRECT
+    assert score(program) == 1.0
+    assert time.monotonic() - start < LIMIT_S
+
+
 def test_unit_tests_end_to_end_and_timing():
     start = time.monotonic()
     for _ in range(3):

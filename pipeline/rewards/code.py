@@ -89,3 +89,6 @@ def unit_tests(completion: str, answer: str, tests: str | list[str] | None = Non
     if code is None:
         return 0.0
     return float(run_program(code, checks, time_limit_s))
+
+
+unit_tests.warmup = sandbox.isolation  # type: ignore[attr-defined] -- a reward worker probes the isolation once, outside any sample's time limit

@@ -200,6 +200,7 @@ def tester_main() -> None:
     os.dup2(null, 2)
     to_program, from_program = os.fdopen(int(sys.argv[4]), "wb"), os.fdopen(int(sys.argv[5]), "rb")
     job = json.loads(sys.stdin.buffer.read())
+    os.dup2(null, 0)
     link = Link(to_program, from_program)
     send(to_program, job["program"])
     table = link.answer()  # the program's globals, or its exception
@@ -258,11 +259,10 @@ def _serve(op: str, args: list, handles: dict):
 
 
 def program_main() -> None:
-    answers = os.fdopen(os.dup(1), "wb")
+    answers, requests = os.fdopen(os.dup(1), "wb"), os.fdopen(os.dup(0), "rb")
     null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(null, 1)
-    os.dup2(null, 2)
-    requests = sys.stdin.buffer
+    for fd in (0, 1, 2):  # the program's input() sees an end of file, its prints go nowhere
+        os.dup2(null, fd)
     source = receive(requests)
     namespace: dict = {"__name__": "__main__"}
     handles: dict = {}
