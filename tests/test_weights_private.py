@@ -114,3 +114,14 @@ def test_a_file_in_place_of_the_folder_is_refused(tmp_path):
     (tmp_path / "w").write_text("x")
     with pytest.raises(PermissionError, match=r"is not a folder"):
         publish_weights(STATE, tmp_path / "w", 1)
+
+
+def test_train_refuses_a_precreated_open_folder_at_start(tmp_path, capsys):
+    from pipeline.supervisor.main import main
+
+    folder = tmp_path / "w"
+    folder.mkdir()
+    folder.chmod(0o777)
+    assert main(["--run.dir", str(tmp_path / "runs"), "--run.name", "x", "--weights.dir", str(folder)]) == 2
+    assert f"weights folder {folder} has mode 0777" in capsys.readouterr().err
+    assert list(folder.iterdir()) == []

@@ -16,6 +16,7 @@ non-empty directory is an error unless `--overwrite` (plan.py).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import sys
@@ -29,6 +30,7 @@ from pipeline.supervisor.live import Display, RunState, summarise
 from pipeline.supervisor.plan import RunPlan, check_data_files, checkpoint_version, plan_run, prepare_run_dir
 from pipeline.trackers import TrackerError, check_trackers
 from pipeline.transport import BufferClient
+from pipeline.weights.private import open_private_dir
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.toml"
 FINAL_EVAL_GRACE_S = 30.0  # on top of buffer.lease_s: the buffer's final evaluation after the last step
@@ -123,8 +125,13 @@ def main(argv: list[str] | None = None) -> int:
         check_trackers(cfg.run.trackers)
         check_reward_config(cfg)  # a reward.fn that cannot load fails here once, not in every producer
         prepare_run_dir(cfg, resume=bool(args.resume), overwrite=args.overwrite)  # last: it may delete a run
+        if cfg.weights.transport == "file":  # a folder another user made first is refused now, not at a publish
+            os.close(open_private_dir(cfg.weights_dir, create=True))
     except (ConfigError, TrackerError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    except PermissionError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.resume:
         version = checkpoint_version(cfg.run_dir)
