@@ -107,8 +107,13 @@ def _works(iso: Isolation) -> str:
     """"" if a box of this tier runs Python here, else why not."""
     if iso.kind == NONE:
         return ""
+    probe = "import json"  # the standard library is readable
+    if iso.kind == BWRAP and iso.as_root:  # and the box can become a uid of its own, as every box will
+        uid = 1 << 28
+        probe = f"import os; os.setgroups([]); os.setresgid({uid}, {uid}, {uid}); os.setresuid({uid}, {uid}, {uid}); "\
+                + probe
     try:
-        proc = subprocess.run([*iso.prefix, interpreter()[0], "-I", "-S", "-c", "pass"], capture_output=True,
+        proc = subprocess.run([*iso.prefix, interpreter()[0], "-I", "-S", "-c", probe], capture_output=True,
                               timeout=30, env=box_env())
     except (OSError, subprocess.TimeoutExpired) as e:
         return repr(e)
