@@ -76,6 +76,7 @@ def run_training(run_dir: Path, name: str, strategy: Strategy, setting_overrides
                 code = "timeout"
         weights = run_dir / name / "weights"
         weights.mkdir(parents=True, exist_ok=True)
+        weights.chmod(0o700)  # the weight loader refuses a folder others could write (pipeline/weights/private.py)
         for v in versions:
             src = shm / f"v{v:06d}.safetensors"
             if src.is_file():
