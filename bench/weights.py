@@ -42,10 +42,13 @@ RESULTS = ROOT / "bench" / "results"
 
 
 def tiny_state() -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
     from pipeline.tiny_model import ensure_tiny_model
 
+    # a model directory, not a weights folder: read it directly (iter_file accepts private weights folders only)
     path = ensure_tiny_model(ROOT / ".cache" / "tiny-model", seed=0) / "model.safetensors"
-    return {k: v.clone() for k, v in iter_file(path)}
+    return {k: v.clone() for k, v in load_file(str(path)).items()}
 
 
 def big_state(mib: int) -> dict[str, torch.Tensor]:
