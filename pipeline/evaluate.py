@@ -14,11 +14,13 @@ from pipeline.prompts import benchmark_name, fit_prompts, load_examples, render_
 
 
 def evaluate(cfg, model_dir: str, files: list[str], k: int, temperature: float, max_new_tokens: int,
-             limit: int = 0) -> dict:
+             limit: int = 0, samples_path: str | Path | None = None) -> dict:
     """{"benchmarks": {name: {"problems", "ave_at_k"}}, "weighted_ave_at_k", ...} for `model_dir`.
 
     Each entry of `files` is read and rendered as the buffer does for data.eval_files (data.* keys, template,
-    system prompt; "arithmetic" = the built-in task) and scored by reward.fn with the prompts' extras."""
+    system prompt; "arithmetic" = the built-in task) and scored by reward.fn with the prompts' extras.
+    `samples_path`: a JSONL file receiving one row per problem (benchmark, the rendered prompt, the gold answer,
+    the k completions and their rewards), to see why a model scores what it scores."""
     from pipeline.offline import make_llm, sample_and_score
     from pipeline.rewards import check_reward_config
 
@@ -34,21 +36,36 @@ def evaluate(cfg, model_dir: str, files: list[str], k: int, temperature: float, 
     llm = make_llm(cfg, model_dir)
     result: dict = {"model": model_dir, "k": k, "temperature": temperature, "benchmarks": {}}
     total, weighted = 0, 0.0
-    for name, prompts in sets.items():
-        t0 = time.monotonic()
-        rewards = sample_and_score(llm, [p.text for p in prompts], [p.answer for p in prompts], k, temperature, 1.0,
-                                   max_new_tokens, cfg.run.seed, cfg.producers.reward_workers,
-                                   cfg.producers.reward_timeout_s, reward_fn=cfg.reward.fn,
-                                   extras=[p.extras for p in prompts])
-        per_problem = [sum(r) / k for r in rewards]
-        ave = sum(per_problem) / max(1, len(per_problem))
-        result["benchmarks"][name] = {"problems": len(prompts), "ave_at_k": ave,
-                                      "seconds": time.monotonic() - t0}
-        total += len(prompts)
-        weighted += ave * len(prompts)
+    out = open(samples_path, "w") if samples_path else None  # closed below, whatever happens
+    try:
+        for name, prompts in sets.items():
+            t0 = time.monotonic()
+            texts: list[list[str]] = []
+            rewards = sample_and_score(llm, [p.text for p in prompts], [p.answer for p in prompts], k, temperature,
+                                       1.0, max_new_tokens, cfg.run.seed, cfg.producers.reward_workers,
+                                       cfg.producers.reward_timeout_s, reward_fn=cfg.reward.fn,
+                                       extras=[p.extras for p in prompts], completions=texts)
+            if out is not None:
+                for p, comps, rs in zip(prompts, texts, rewards):
+                    out.write(json.dumps({"benchmark": name, "prompt": p.text, "answer": p.answer,
+                                          "completions": comps, "rewards": rs}) + "\n")
+                out.flush()
+            _score(result, name, prompts, rewards, k, time.monotonic() - t0)
+    finally:
+        if out is not None:
+            out.close()
+    for row in result["benchmarks"].values():
+        total += row["problems"]
+        weighted += row["ave_at_k"] * row["problems"]
     result["weighted_ave_at_k"] = weighted / max(1, total)
     result["problems"] = total
     return result
+
+
+def _score(result: dict, name: str, prompts: list, rewards: list[list[float]], k: int, seconds: float) -> None:
+    per_problem = [sum(r) / k for r in rewards]
+    ave = sum(per_problem) / max(1, len(per_problem))
+    result["benchmarks"][name] = {"problems": len(prompts), "ave_at_k": ave, "seconds": seconds}
 
 
 def print_table(result: dict) -> None:
@@ -81,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="TOML config for the engine, data keys, template and reward settings "
                                          "(default with a run directory: its config.toml)")
     parser.add_argument("--out", help="write the JSON result here too")
+    parser.add_argument("--samples", help="write every problem's rendered prompt, gold answer, completions and rewards "
+                                          "here (JSONL), to see why a model scores what it scores")
     args, overrides = parser.parse_known_args(argv)
     from pipeline.config import ConfigError, load_config
     from pipeline.data import DatasetError, check_source
@@ -109,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                 except FileNotFoundError:
                     raise ConfigError(f"--data {f}: no such file or directory") from None
         result = evaluate(cfg, model_dir, data, args.k, args.temperature,
-                          args.max_new_tokens or cfg.sampling.max_new_tokens, args.limit)
+                          args.max_new_tokens or cfg.sampling.max_new_tokens, args.limit, args.samples)
     except (ConfigError, DatasetError, ExportError) as exc:
         print(f"eval: {exc}", file=sys.stderr)
         return 2

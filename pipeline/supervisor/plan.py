@@ -28,6 +28,7 @@ from pipeline.config import Config, ConfigError, dumps_toml, key_path
 from pipeline.config.schema import DataConfig, EndpointsConfig, LearnerConfig, RunConfig
 from pipeline.export import latest_checkpoint
 from pipeline.models import resolve_model_path
+from pipeline.pretrained import SMOLLM2, is_gguf
 from pipeline.supervisor.procs import Child, write_commands
 from pipeline.transport import free_port_pair
 
@@ -145,6 +146,8 @@ def plan_run(cfg: Config, resume: bool = False) -> RunPlan:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     if cfg.model.path == "tiny":
         print("preparing the tiny model (built once into .cache/tiny-model, about a minute)...", flush=True)
+    elif cfg.model.path == SMOLLM2 or is_gguf(cfg.model.path):
+        print(f"preparing {cfg.model.path} (converted once into .cache/, about a minute)...", flush=True)
     model_dir = resolve_model_path(cfg)
     cfg_path = run_dir / "config.toml"
     cfg_path.write_text(dumps_toml(cfg))
