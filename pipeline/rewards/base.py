@@ -12,6 +12,12 @@ counted. It must be importable by its "module:function" in a fresh process (spaw
 A function may carry `fn.warmup`, a callable that a worker runs once before its first sample (to import heavy
 dependencies outside any time limit; the math reward does).
 
+TRL's form is accepted as it is: a function with a `completions` parameter is a TRL `reward_funcs` function
+(`f(prompts, completions, **columns) -> list[float | None]`, batched) and is called with one-element lists:
+prompts=[None] (the reward runs where the prompt text is not kept), completions=[completion], answer=[answer] and
+each extra as a one-element list; a None score is 0.0. So a TRL user brings their reward over unchanged, and a
+bench gives both trainers the very same function.
+
 A new reward is a function in a module plus `reward.fn` naming it. Built in: `math.py` (math-verify, the default),
 `match.py` (exact match on a normalised string), `code.py` (unit tests run in sandboxes).
 
@@ -66,8 +72,48 @@ def check_signature(fn: Any, extra_names: Sequence[str] = (), spec: str = "") ->
         ) from None
 
 
+def is_trl_form(fn: Any) -> bool:
+    """Whether `fn` is a TRL reward function (batched: it takes `completions`) rather than a per-sample one."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "completions" in params and "completion" not in params
+
+
+class TrlReward:
+    """A TRL `reward_funcs` function called per sample: fn(prompts=[None], completions=[c], answer=[a],
+    **{k: [v]})[0], None -> 0.0. Picklable by its spec, so spawned reward workers import it again."""
+
+    def __init__(self, fn: Any, spec: str) -> None:
+        self.fn, self.spec = fn, spec
+        self.__name__ = getattr(fn, "__name__", "trl_reward")
+        self.__module__ = getattr(fn, "__module__", __name__)
+
+    def __call__(self, completion: str, answer: str, /, **extras: Any) -> float:
+        scores = self.fn(prompts=[None], completions=[completion], answer=[answer],
+                         **{k: [v] for k, v in extras.items()})
+        if not isinstance(scores, (list, tuple)) or len(scores) != 1:
+            raise TypeError(f"{self.spec} returned {type(scores).__name__} for one completion; a TRL reward "
+                            "function returns a list with one score per completion")
+        return 0.0 if scores[0] is None else scores[0]
+
+    def __reduce__(self):
+        return load_reward_fn, (self.spec,)
+
+
+def check_trl_signature(fn: Any, extra_names: Sequence[str], spec: str) -> None:
+    try:
+        inspect.signature(fn).bind(prompts=[None], completions=["c"], answer=["a"], **{n: [None] for n in extra_names})
+    except TypeError as e:
+        call = ", ".join(f"{n}=..." for n in ["prompts", "completions", "answer", *extra_names])
+        raise ConfigError(f"reward.fn: {spec} looks like a TRL reward function (it takes `completions`) but cannot be "
+                          f"called as f({call}): {e}; give it **kwargs") from None
+
+
 def load_reward_fn(spec: str, extra_names: Sequence[str] = ()) -> RewardFn:
-    """Import "package.module:function" and check that it takes (completion, answer, **extras)."""
+    """Import "package.module:function" and check that it takes (completion, answer, **extras), or wrap a TRL
+    reward function (see the module docstring)."""
     module_name, sep, attr = spec.partition(":")
     if not (sep and module_name and attr):
         raise ConfigError(f"reward.fn: {spec!r} must be \"package.module:function\", e.g. \"{DEFAULT_REWARD_FN}\"")
@@ -85,6 +131,9 @@ def load_reward_fn(spec: str, extra_names: Sequence[str] = ()) -> RewardFn:
             names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
             raise ConfigError(f"reward.fn: module {module_name!r} has no {attr!r}; its functions: "
                               f"{', '.join(names) or 'none'}")
+    if is_trl_form(fn):
+        check_trl_signature(fn, extra_names, spec)
+        return TrlReward(fn, spec)
     check_signature(fn, extra_names, spec)
     return fn
 

@@ -14,6 +14,8 @@ in whole seconds. Its timers are switched off here (`parsing_timeout=None`, `tim
 from __future__ import annotations
 
 import functools
+import re
+from fractions import Fraction
 
 import math_verify
 import math_verify.grader
@@ -61,6 +63,32 @@ def verify(completion: str, answer: str) -> float:
 
 # a worker imports sympy's parsers on this first call, before any deadline runs
 verify.warmup = functools.partial(verify, "\\boxed{1}", "1")  # type: ignore[attr-defined]
+
+
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
+
+
+def _as_number(text: str) -> Fraction | None:
+    """The value of `text` if it is one plain number ("46", "-3", "1,024", "2.50", "$46$"), else None."""
+    text = text.strip().strip("$").replace(",", "").replace("\\!", "").strip()
+    if not _NUMBER.fullmatch(text):
+        return None
+    return Fraction(text)
+
+
+def boxed_number(completion: str, answer: str) -> float:
+    """1.0 if the completion's last \\boxed{} holds one plain number equal to the numeric gold `answer`, else 0.0.
+
+    For tasks whose answer is a number that the prompt itself spells as an expression (the arithmetic task:
+    "What is 12 + 34?"). `verify` evaluates expressions, so restating the question ("\\boxed{12 + 34}", or an
+    unboxed "12 + 34 = 48") scores there: a policy finds and farms that. Here only a number counts, only in the
+    box the instruction asks for, and only the last box (its TAIL_CHARS tail)."""
+    if not (isinstance(completion, str) and isinstance(answer, str)):
+        return 0.0
+    gold = _as_number(answer)
+    boxed = last_boxed(completion[-TAIL_CHARS:])
+    pred = _as_number(boxed) if boxed is not None else None
+    return float(gold is not None and pred is not None and pred == gold)
 
 
 def math_reward(completion: str, answer: str, timeout_s: float = 5.0) -> float:
