@@ -69,7 +69,8 @@ def attack_messages(rng: random.Random, weights_dir: str = "/tmp", frames: int =
         [_frames(P.WorkRequest("x", 1, 0))[0][:5]],  # truncated header
         [rng.randbytes(16) for _ in range(rng.randrange(100, 300))],  # many frames of garbage
         _frames(P.Heartbeat("victim", "producer", 0, stats)),  # claims another producer's name
-        _frames(P.Heartbeat("x", "producer", 0, {f"s{i}": 1.0 for i in range(200)})),  # oversized
+        _frames(P.Heartbeat("x", "producer", 0, {f"s{i}": 1.0 for i in range(200)})),  # oversized: not decoded
+        _frames(P.WorkRequest("x", -1, 0)),  # a negative count: invalid
         _frames(P.Heartbeat("x", "learner", 0, {})),  # a learner's heartbeat from a producer connection
         _frames(P.WorkRequest("victim", 0, 0)),  # parked, then answered empty
         _frames(P.RoundResult("victim", guess, guess, np.arange(4, dtype=np.int32), forged, 0.1)),

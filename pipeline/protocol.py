@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 import msgspec
 import numpy as np
@@ -41,6 +41,8 @@ except ImportError:  # pragma: no cover - depends on the environment
     pass
 _DTYPE_NAMES = {v: k for k, v in _WIRE_DTYPES.items()}
 MAX_ARRAY_DIMS = 8
+MAX_STATS = 64  # a Heartbeat's stats: names at most (a producer sends about 20)
+MAX_STAT_NAME = 64  # characters of a stat's name at most
 
 
 class ProtocolError(ValueError):
@@ -144,7 +146,9 @@ class Heartbeat(_Msg):
     sender_id: str
     role: str  # "producer" | "learner"
     version: int
-    stats: dict[str, float]
+    # bounded in the type: the decoder refuses a larger map from its header, before building any of it
+    stats: Annotated[dict[Annotated[str, msgspec.Meta(max_length=MAX_STAT_NAME)], float],
+                     msgspec.Meta(max_length=MAX_STATS)]
 
 
 # ---------------------------------------------------------------- learner <-> buffer
