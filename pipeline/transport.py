@@ -32,6 +32,7 @@ import ipaddress
 import itertools
 import logging
 import os
+import secrets
 import socket
 import time
 from typing import TYPE_CHECKING, Any
@@ -59,7 +60,7 @@ if TYPE_CHECKING:
     from pipeline.config import Config
 
 __all__ = ["AsyncBufferClient", "BufferClient", "SecurityError", "ServerSecurity", "check_bind", "free_port",
-           "free_port_pair", "make_keys", "parse_connect"]
+           "free_port_pair", "make_keys", "parse_connect", "unique_identity"]
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +109,13 @@ class ServerSecurity:
         self.enabled = bool(keys_dir)
         self.roles = ConnectionRoles(self.enabled, None if self.enabled else token)
         self._auth: RoleAuthenticator | None = None
+        self.producer_keys = 0  # producer keys admitted (with keys): each is one client of the buffer
         if not self.enabled:
             return
         self.public, self.secret = load_pair(keys_dir, "server")
-        self._auth = RoleAuthenticator(ctx, authorized_keys(keys_dir))
+        admitted = authorized_keys(keys_dir)
+        self.producer_keys = sum(role == PRODUCER for role in admitted.values())
+        self._auth = RoleAuthenticator(ctx, admitted)
         self._auth.start()
 
     def apply(self, sock: zmq.Socket) -> None:
@@ -134,6 +138,13 @@ def apply_client_keys(sock: zmq.Socket, keys_dir: str, role: str = PRODUCER) -> 
     sock.curve_secretkey = secret
     sock.curve_publickey = public
     sock.curve_serverkey = server_public_key(keys_dir)
+
+
+def unique_identity(name: str) -> str:
+    """A connection identity for one process of a role that the buffer serves by its key or token, not its name
+    (the learner, the supervisor): `name` with this process's id and a random suffix. The router refuses a second
+    connection under an identity it serves, so a fixed one could be taken first by anyone who connects."""
+    return f"{name}-{os.getpid()}-{secrets.token_hex(8)}"
 
 
 def free_port() -> int:

@@ -25,7 +25,7 @@ from pipeline.consumer.learner import Learner
 from pipeline.consumer.runlog import RunLog
 from pipeline.consumer.stopping import Stopped, StopSignals
 from pipeline.export import HF_DIR, HfSource
-from pipeline.transport import BufferClient, parse_connect
+from pipeline.transport import BufferClient, parse_connect, unique_identity
 
 if TYPE_CHECKING:
     from pipeline.config import Config
@@ -79,7 +79,7 @@ def run(cfg: Config, connect: str | None = None, resume: bool = False) -> int:
         torch.set_num_threads(lc.cpu_threads)  # leave the other cores to the engines on a shared CPU machine
     learner = Learner(cfg)
     rank0 = learner.rank == 0
-    learner_id = f"learner-{cfg.run.name}"
+    learner_id = unique_identity(f"learner-{cfg.run.name}")  # its role is its key or token, never this name
     if resume:
         extra = learner.load_checkpoint()
         if rank0:

@@ -29,7 +29,7 @@ from pipeline.supervisor.lifecycle import RunFailed, Watch, buffer_metrics, star
 from pipeline.supervisor.live import Display, RunState, summarise
 from pipeline.supervisor.plan import RunPlan, check_data_files, checkpoint_version, plan_run, prepare_run_dir
 from pipeline.trackers import TrackerError, check_trackers
-from pipeline.transport import BufferClient
+from pipeline.transport import BufferClient, unique_identity
 from pipeline.weights.private import open_private_dir
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.toml"
@@ -70,7 +70,7 @@ def run(cfg: Config, resume: bool = False) -> int:
     t0 = time.monotonic()
     plan = plan_run(cfg, resume)
     display = Display(RunState(cfg.run.name, cfg.learner.num_steps), sys.stdout.isatty() and cfg.run.live)
-    client = BufferClient(plan.router_url, plan.control_url, "supervisor", cfg.endpoints.keys_dir,
+    client = BufferClient(plan.router_url, plan.control_url, unique_identity("supervisor"), cfg.endpoints.keys_dir,
                           subscribe=False)  # metrics only
     interrupts = Interrupts()
     watch = Watch(plan, display, lambda: buffer_metrics(client, 0.5), interrupts.pending)
