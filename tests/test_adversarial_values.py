@@ -235,13 +235,16 @@ def test_prompt_tokens_must_be_those_of_the_prompts_earlier_rounds_and_tokens_in
     assert core.counters["rejected_values"] == 1 and core.counters["rejected_oov"] == 1
 
 
-def test_sample_versions_may_lead_the_learner_only_by_the_resume_slack(tmp_path):
-    core = make(tmp_path)  # snapshot_every 1: a resumed buffer may lag the producers by one version
-    a, b = work(core, "p0", 2, 0.0)
-    send(core, "p0", honest(a, "p0", version=1), 0.1)
-    send(core, "p0", honest(b, "p0", version=2), 0.1)
+def test_no_sample_of_a_version_the_learner_has_not_announced_is_accepted(tmp_path):
+    core = make(tmp_path)
+    a, b, c = work(core, "p0", 3, 0.0)
+    send(core, "p0", honest(a, "p0", version=0), 0.1)
+    send(core, "p0", honest(b, "p0", version=1), 0.1)  # one ahead: no producer can hold it yet
     assert core.scheduler.metrics()["samples_received"] == a.num_samples
     assert core.incidents.tables["rejected_by_reason"] == {"version": 1}
+    core.scheduler.set_learner_version(1, 0.2)  # announced: now it may be (round c is not stale at staleness 1)
+    send(core, "p0", honest(c, "p0", version=1), 0.4)
+    assert core.scheduler.metrics()["samples_received"] == 2 * a.num_samples
 
 
 # ---------------------------------------------------------------- nothing a message does stops the buffer

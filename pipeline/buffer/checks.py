@@ -46,7 +46,7 @@ class Limits:
 
     max_abs_reward: float
     max_model_len: int  # prompt + completion tokens at most
-    version_slack: int  # a sample may be this many versions ahead of the buffer's learner version (a resume)
+    version_slack: int  # a sample may be this many versions ahead of the buffer's learner version (0 in a run)
 
 
 def role_problem(msg: Any, role: str) -> str:
@@ -114,7 +114,8 @@ def check_result(msg: P.RoundResult, lease: Lease, limits: Limits, learner_versi
                  known_prompt: np.ndarray | None) -> tuple[str, str]:
     """(reason, explanation) when the result of `lease`'s round must not be used, else ("", "").
 
-    `known_prompt` is the prompt's token ids from its earlier accepted rounds (None or empty: none yet). A result
+    `known_prompt` is the prompt's token ids: the buffer's tokenization, or without a tokenizer those of its
+    earlier accepted rounds (None or empty: none yet). A result
     without samples is the producer saying it cannot serve the prompt: it has no values to check.
     """
     if msg.prompt_id != lease.prompt_id:
@@ -128,7 +129,8 @@ def check_result(msg: P.RoundResult, lease: Lease, limits: Limits, learner_versi
     if not 1 <= prompt.size < limits.max_model_len:
         return "prompt", f"{prompt.size} prompt tokens, outside 1..{limits.max_model_len - 1} (max_model_len)"
     if known_prompt is not None and known_prompt.size and not np.array_equal(prompt, known_prompt):
-        return "prompt", "the prompt tokens differ from those of the prompt's earlier rounds"
+        return "prompt", "the prompt tokens differ from the prompt's own (the buffer's tokenization of the prompt " \
+                         "it assigned, or without a tokenizer its first accepted round's)"
     lengths = [s.token_ids.size for s in samples]
     longest = min(lease.max_new_tokens, limits.max_model_len - prompt.size)
     if min(lengths) < 1 or max(lengths) > longest:

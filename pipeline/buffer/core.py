@@ -90,15 +90,19 @@ class BufferCore:
 
     def __init__(self, cfg: Config, prompts: Sequence[PromptRow], eval_prompts: Sequence[Prompt], *,
                  now: float, snapshot_every: int = SNAPSHOT_EVERY, resume: bool = False,
-                 vocab_size: int | None = None, wall_clock: Callable[[], float] = time.time) -> None:
+                 vocab_size: int | None = None, wall_clock: Callable[[], float] = time.time,
+                 tokenize: Callable[[str], Sequence[int]] | None = None) -> None:
+        """`vocab_size`: token ids at or above it are refused (None: not checked); `tokenize`: a prompt's text to
+        its token ids as the engines tokenize it, to check each result's prompt tokens (None: no tokenizer)."""
         if vocab_size is not None and vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1 (or None: no check), got {vocab_size}")
         self.cfg, self.vocab_size, self.wall_clock = cfg, vocab_size, wall_clock
         self.scheduler = Scheduler(cfg.sampling, cfg.buffer, cfg.learner.batch_prompts, prompts, cfg.run.seed)
         self.counters = dict.fromkeys(M.COUNTERS, 0)
         self.incidents = Incidents(self.counters)
-        # a sample may be ahead of a resumed buffer's version by the versions since its last snapshot
-        self.limits = Limits(cfg.buffer.max_abs_reward, cfg.producers.engine.max_model_len, max(1, snapshot_every))
+        # no sample of a version the learner has not announced here: producers load only what the buffer passed on
+        # (after a resume, the learner's next request brings the buffer to its version within seconds)
+        self.limits = Limits(cfg.buffer.max_abs_reward, cfg.producers.engine.max_model_len, 0)
         self.peers = Peers(self._forget_peer, self.counters,
                            idle_s=max(PEER_IDLE_S, 4 * cfg.buffer.heartbeat_timeout_s))
         self.latest_weights: P.WeightAnnouncement | None = None
@@ -120,12 +124,13 @@ class BufferCore:
         self._outbox: list[Out] = []
         self.progress_log = ProgressLog(now)
         self.resumed = resume and self._resume(prompts)
+        self.share_among(cfg.producers.count)
         # after a resume: the evaluation rounds share the restored scheduler's round id allocator
         self.evals = Evals(eval_prompts, cfg.eval.k, cfg.buffer.lease_s, cfg.eval.max_new_tokens,
                            cfg.sampling.positive_threshold, self.scheduler.round_ids)
         self.generation = L.Generation()  # the producers' side of the ledger
         self.intake = Intake(self.scheduler, self.evals, self.peers, self.incidents, self.limits, vocab_size,
-                             self.generation)
+                             self.generation, tokenize)
         if cfg.learner.eval_every and not self.resumed:
             self.evals.start(0, now)
 
@@ -213,7 +218,8 @@ class BufferCore:
             self.progress_log.report(now, m, progress(m, self.producer_stats, self.peers.samples))
         if self.stop_reason is None and self._last_hope_check + PEERS_EVERY_S <= now:
             self._last_hope_check = now
-            why = hopeless(self.scheduler.metrics(), self.cfg.buffer.stop_without_signal)
+            why = hopeless(self.scheduler.metrics(), self.cfg.buffer.stop_without_signal, self.intake.evidence,
+                           self.scheduler.leases.expected)
             if why:
                 log.error("%s", why)
                 self.fatal = why
@@ -227,6 +233,11 @@ class BufferCore:
     def finished(self, now: float) -> bool:
         """Whether the buffer should stop: stopped, and no evaluation left to wait for (or waited long enough)."""
         return self.stop_reason is not None and (self.evals.outstanding == 0 or now >= self._drain_until)
+
+    def share_among(self, clients: int) -> None:
+        """Share training rounds among at least `clients` clients (the producers the run starts, or the producer
+        keys admitted), so that the first client to ask cannot take the rounds of those still starting."""
+        self.scheduler.leases.expected = max(1, clients)
 
     def count(self, counter: str) -> None:
         """Count an event the socket side saw (e.g. an unroutable reply)."""
@@ -320,9 +331,11 @@ class BufferCore:
             self.peers.release(aborted)
             self._outbox.append(Out(None, P.Abort(aborted, "samples would be stale")))
 
-    def _pick_rounds(self, producer_id: str, wanted: int, now: float, samples: int = 0) -> list[P.RoundAssignment]:
+    def _pick_rounds(self, producer_id: str, wanted: int, now: float, samples: int = 0, client: str = ""
+                     ) -> list[P.RoundAssignment]:
         """Eval rounds take at most half of `wanted` while training has rounds, and what training cannot use;
-        training rounds fit in `samples` less the eval rounds' (0: no sample budget)."""
+        training rounds fit in `samples` less the eval rounds' (0: no sample budget) and the fair share of
+        `client` (the connection's CurveZMQ key, "" = the producer alone; see leases.py)."""
         if self.stop_reason is not None:  # draining: the learner is done, only evaluations are left
             rounds = self.evals.take(wanted, producer_id, now)
         else:
@@ -333,7 +346,7 @@ class BufferCore:
             rounds = self.evals.take(share, producer_id, now)
             room = samples - sum(r.num_samples for r in rounds)
             if not samples or room > 0:
-                rounds += self.scheduler.request_work(producer_id, wanted - len(rounds), now, max(0, room))
+                rounds += self.scheduler.request_work(producer_id, wanted - len(rounds), now, max(0, room), client)
             rounds += self.evals.take(wanted - len(rounds), producer_id, now)
         self.counters["eval_rounds"] += sum(r.kind == "eval" for r in rounds)
         return rounds
@@ -343,7 +356,7 @@ class BufferCore:
         rounds: list[P.RoundAssignment] = []
         # a producer whose weights are too old would only generate samples that are evicted on arrival
         if msg.max_rounds and self.learner_version - msg.version <= self.cfg.buffer.max_staleness:
-            rounds = self._pick_rounds(peer_name(parked.identity), msg.max_rounds, now, msg.max_samples)
+            rounds = self._pick_rounds(peer_name(parked.identity), msg.max_rounds, now, msg.max_samples, parked.user)
             self.peers.lease(parked.identity, parked.user, rounds, now, self.cfg.sampling.max_new_tokens)
         latest = self.latest_weights
         stale_weights = latest if latest is not None and msg.version < latest.version else None

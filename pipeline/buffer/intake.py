@@ -9,6 +9,9 @@ Invariants:
   unknown): it can change no pool;
 - a result whose values fail the edge checks (checks.py) is counted by reason and its round re-issued (the
   Scheduler gives its prompt up after repeated rejections; Evals queues the problem again); it is never pooled;
+- with a tokenizer, a training result's prompt tokens must equal the buffer's own tokenization of the prompt it
+  assigned (each example tokenized once, when first served, and cached): a producer cannot make the learner train
+  on another prompt; without one, they must equal those of the prompt's first accepted round;
 - a lease ends when its holder's whole result arrives, or when a streamed round is over (complete, cut by the
   exit rule, or rejected);
 - every training sample a result message carries, and every abort it reports, reaches the Scheduler's ledger
@@ -19,7 +22,11 @@ Invariants:
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from pipeline import protocol as P
 from pipeline.buffer.checks import Limits, check_result, out_of_vocab
@@ -27,26 +34,35 @@ from pipeline.buffer.evals import Evals
 from pipeline.buffer.incidents import Incidents
 from pipeline.buffer.ledger import Generation
 from pipeline.buffer.peers import Conn, Lease, Peers, peer_name
+from pipeline.buffer.progress import Evidence
 from pipeline.buffer.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
+
+PROMPT_CACHE = 4096  # examples whose prompt tokens are kept (far more than the prompts active at once)
 
 
 class Intake:
     """Ownership and the edge checks for every result; see the module docstring."""
 
     def __init__(self, scheduler: Scheduler, evals: Evals, peers: Peers, incidents: Incidents, limits: Limits,
-                 vocab_size: int | None, generation: Generation | None = None) -> None:
+                 vocab_size: int | None, generation: Generation | None = None,
+                 tokenize: Callable[[str], Sequence[int]] | None = None) -> None:
+        """`tokenize`: the prompt text to its token ids as the engines tokenize it (None: no tokenizer)."""
         self.scheduler, self.evals, self.peers, self.incidents = scheduler, evals, peers, incidents
+        self.tokenize = tokenize
+        self._prompt_ids: OrderedDict[int, np.ndarray] = OrderedDict()  # example index -> its prompt's tokens
         self.limits, self.vocab_size = limits, vocab_size
         self.counters = incidents.counters
         self.generation = Generation() if generation is None else generation
+        self.evidence = Evidence()  # training samples and positives per client, for the stop without signal
 
     def result(self, sender: bytes, name: str, msg: P.RoundResult, now: float, conn: Conn) -> None:
         """The whole result of one round from `sender` (named `name`), on connection `conn`."""
-        before = self._arrived()
+        before, seen = self._arrived(), self._received()
         self._result(sender, name, msg, now, conn)
         self._credit(name, before)
+        self._evidence(conn.user or name, seen)
 
     def _result(self, sender: bytes, name: str, msg: P.RoundResult, now: float, conn: Conn) -> None:
         lease = self.peers.leases.get(msg.round_id)
@@ -81,11 +97,12 @@ class Intake:
     def samples(self, sender: bytes, name: str, msg: P.SampleResults, now: float, conn: Conn) -> list[int]:
         """Streamed samples, one part per training round: checked like a result (a later part may leave the prompt
         tokens out), then accepted one by one. Returns the rounds the exit rule cut (the caller aborts them)."""
-        before = self._arrived()
+        before, seen = self._arrived(), self._received()
         try:
             return self._samples(sender, name, msg, now, conn)
         finally:
             self._credit(name, before)
+            self._evidence(conn.user or name, seen)
 
     def _samples(self, sender: bytes, name: str, msg: P.SampleResults, now: float, conn: Conn) -> list[int]:
         cut: list[int] = []
@@ -154,7 +171,27 @@ class Intake:
         if after != before:
             self.generation.reported(name, after[0] - before[0], after[1] - before[1])
 
+    def _received(self) -> tuple[int, int]:
+        c = self.scheduler.pools.counts
+        return c["samples_received"], c["positives_received"]
+
+    def _evidence(self, source: str, before: tuple[int, int]) -> None:
+        """Credit client `source` with the training samples (and positives) the Scheduler took since `before`."""
+        after = self._received()
+        self.evidence.add(source, after[0] - before[0], after[1] - before[1])
+
     def _known_prompt(self, lease: Lease) -> Any:
-        """The prompt's token ids from its earlier accepted rounds (training rounds; None otherwise)."""
+        """The prompt's token ids (training rounds; None otherwise): the buffer's own tokenization of the prompt,
+        or without a tokenizer those of its earlier accepted rounds."""
         st = self.scheduler.pools.active.get(lease.prompt_id) if lease.kind == "train" else None
-        return None if st is None else st.prompt_token_ids
+        if st is None or self.tokenize is None:
+            return None if st is None else st.prompt_token_ids
+        ids = self._prompt_ids.get(st.example_index)
+        if ids is None:
+            ids = np.asarray(self.tokenize(st.prompt), dtype=np.int32)
+            self._prompt_ids[st.example_index] = ids
+            if len(self._prompt_ids) > PROMPT_CACHE:
+                self._prompt_ids.popitem(last=False)
+        else:
+            self._prompt_ids.move_to_end(st.example_index)
+        return ids

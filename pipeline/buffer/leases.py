@@ -5,8 +5,9 @@ Invariants:
 - `rounds` maps every round id in flight to its prompt id, in issue order;
 - `held[p]` is the number of rounds in flight issued to producer p (no entry for 0);
 - a producer is alive while it was heard of within buffer.heartbeat_timeout_s; `room` divides the rounds the
-  admission bound allows among the alive producers that ask for work (at least one), so one request never takes
-  them all.
+  admission bound allows among the alive clients that ask for work, at least `expected` of them, and a client's
+  share among its alive producers, so one request never takes them all, nor does one client through many
+  producers (identities). A client is a CurveZMQ key (every producer connected with it), else one producer.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class Leases:
         self.held: dict[str, int] = {}  # producer -> rounds in flight it holds
         self.last_seen: dict[str, float] = {}
         self.requesters: set[str] = set()  # producers that asked for work (the ones sharing it)
+        self.client_of: dict[str, str] = {}  # producer -> its client (its CurveZMQ key), for those that have one
+        self.expected = 1  # clients the rounds are shared among at least (those the run starts or admits)
 
     def add(self, round_id: int, prompt_id: int, producer_id: str) -> None:
         assert round_id not in self.rounds, round_id
@@ -45,6 +48,7 @@ class Leases:
     def forget(self, producer_id: str) -> None:
         self.last_seen.pop(producer_id, None)
         self.requesters.discard(producer_id)
+        self.client_of.pop(producer_id, None)
 
     def is_silent(self, producer_id: str, now: float) -> bool:
         return now - self.last_seen.get(producer_id, -math.inf) > self.buffer.heartbeat_timeout_s
@@ -52,12 +56,23 @@ class Leases:
     def alive(self, now: float) -> int:
         return sum(not self.is_silent(p, now) for p in self.last_seen)
 
-    def room(self, producer_id: str, bound: int, now: float) -> int:
-        """Rounds `producer_id` (asking for work now) may still take: its fair share of `bound` rounds, less what
-        it holds."""
+    def room(self, producer_id: str, bound: int, now: float, client: str = "") -> int:
+        """Rounds `producer_id` (asking for work now, for `client`: "" = itself) may still take: its fair share of
+        `bound` rounds, less what it holds; and its client's share less what the client's producers hold."""
         self.requesters.add(producer_id)
-        share = -(-bound // max(1, sum(not self.is_silent(p, now) for p in self.requesters)))
-        return share - self.held.get(producer_id, 0)
+        if client:
+            self.client_of[producer_id] = client
+        mine = self.client_of.get(producer_id, producer_id)
+        clients: dict[str, int] = {}  # alive client -> its alive producers asking for work
+        for p in self.requesters:
+            if p == producer_id or not self.is_silent(p, now):
+                key = self.client_of.get(p, p)
+                clients[key] = clients.get(key, 0) + 1
+        client_share = -(-bound // max(self.expected, len(clients)))
+        share = -(-client_share // clients[mine])
+        held_by_client = self.held.get(producer_id, 0) if not client else sum(
+            n for p, n in self.held.items() if self.client_of.get(p, p) == mine)
+        return min(share - self.held.get(producer_id, 0), client_share - held_by_client)
 
     def check(self, producer_of: dict[int, str]) -> None:
         """Assert the invariants; `producer_of` maps each round in flight to the producer its prompt records."""

@@ -13,14 +13,16 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pipeline import logs
 from pipeline.buffer.service import BufferService
 from pipeline.buffer.snapshot import SNAPSHOT_EVERY
 from pipeline.config import ConfigError, load_config
 from pipeline.exits import EXIT_FATAL
-from pipeline.models import prompt_template, resolve_model_path
+from pipeline.models import load_tokenizer, prompt_template, resolve_model_path
 from pipeline.prompts import build_prompts
 from pipeline.transport import check_bind
 
@@ -44,6 +46,14 @@ def read_vocab_size(model_dir: str) -> int | None:
     return None
 
 
+def prompt_tokenizer(tokenizer: Any) -> Callable[[str], list[int]] | None:
+    """A prompt's text to its token ids as the engines tokenize a text prompt (special tokens added, as
+    prompts.prompt_lengths counts them), or None without a tokenizer."""
+    if tokenizer is None:
+        return None
+    return lambda text: tokenizer(text, add_special_tokens=True)["input_ids"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="reinforce-ada buffer", description="Run the rollout buffer service.")
     parser.add_argument("--config", help="TOML config (default: built-in defaults)")
@@ -63,20 +73,24 @@ def main(argv: list[str] | None = None) -> int:
         logs.setup(cfg.run.log_level)
         check_bind(cfg.endpoints.host, cfg.endpoints.keys_dir)  # before any slow loading: refuse at once
         model_dir = args.model or resolve_model_path(cfg, build=prompt_template(cfg) == "auto")
+        tokenizer = load_tokenizer(cfg, model_dir)  # None without one (a scripted run): prompt tokens unchecked
         vocab_size = read_vocab_size(model_dir)
-        run_prompts = build_prompts(cfg, model_dir)
+        if vocab_size is None and tokenizer is not None:  # no vocab_size in config.json: the tokenizer's ids
+            vocab_size = len(tokenizer)
+        run_prompts = build_prompts(cfg, model_dir, tokenizer)
         # (prompt, answer, extras): the extras travel with every round to the producers' reward.fn
         prompts = [(p.text, p.answer, p.extras) for p in run_prompts.train]
         eval_prompts = run_prompts.evals  # Prompt objects: their benchmark names the per-benchmark scores
         # SecurityError (missing keys) and snapshot errors are ValueErrors, a port in use is an OSError
         service = BufferService(cfg, prompts, eval_prompts, snapshot_every=args.snapshot_every,
-                                resume=args.resume, vocab_size=vocab_size)
+                                resume=args.resume, vocab_size=vocab_size, tokenize=prompt_tokenizer(tokenizer))
     except (ConfigError, ValueError, OSError) as exc:
         print(f"buffer: {exc}", file=sys.stderr)
         return 2
-    log.info("serving %d training prompts (%d eval) on %s, control %s; token ids checked against vocab_size %s",
-             len(prompts), len(eval_prompts), service.router_url, service.control_url,
-             vocab_size if vocab_size is not None else "(unknown: not checked)")
+    log.info("serving %d training prompts (%d eval) on %s, control %s; token ids checked against vocab_size %s; "
+             "prompt tokens checked against %s", len(prompts), len(eval_prompts), service.router_url,
+             service.control_url, vocab_size if vocab_size is not None else "(unknown: not checked)",
+             "the buffer's tokenizer" if tokenizer is not None else "each prompt's first round (no tokenizer)")
     try:
         reason = service.serve()
     except KeyboardInterrupt:

@@ -7,7 +7,10 @@ unresolved) / dropped, groups waiting, learner version. The warnings:
   fires, so no group has signal;
 - at least DROP_WARN_SHARE of the prompts settled so far (DROP_WARN_AFTER of them at least) were dropped.
 The same numbers and warnings are in the MetricsSnapshot's `progress`, for the live view. A run whose reward never
-(or always) fired in buffer.stop_without_signal samples is hopeless: the buffer stops it (`hopeless`).
+(or always) fired in buffer.stop_without_signal samples is hopeless: the buffer stops it (`hopeless`). When the run
+shares its rounds among several clients (producers, or producer keys), the samples of the client that sent most
+are not enough: the others' must reach half the limit too (`Evidence`), so one client (a hostile producer sending
+reward-0 samples before any honest positive) cannot stop the run alone.
 
 Invariants: the line is logged at most once per PROGRESS_EVERY_S of the injected clock; a warning is logged when
 its condition starts to hold at a report (and again only after it stopped holding for a while).
@@ -24,6 +27,31 @@ PROGRESS_EVERY_S = 30.0
 WARN_AFTER_SAMPLES = 256  # "a few hundred": enough that a 1% pass rate would almost surely have shown a positive
 DROP_WARN_AFTER = 32  # settled prompts before the drop share means anything
 DROP_WARN_SHARE = 0.9
+MAX_SOURCES = 1024  # clients whose samples `Evidence` keeps apart (the rest share one entry)
+OTHERS = "#others"
+
+
+class Evidence:
+    """Training samples received per client (its CurveZMQ key, else its connection), and which of them were
+    positive: what `hopeless` needs to stop a run only on evidence that no one client alone provides. Beyond
+    MAX_SOURCES clients the rest share one entry (which makes a stop less likely, never more)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, list[int]] = {}  # client -> [samples, positives]
+
+    def add(self, source: str, samples: int, positives: int) -> None:
+        if not samples:
+            return
+        if source not in self.counts and len(self.counts) >= MAX_SOURCES:
+            source = OTHERS
+        entry = self.counts.setdefault(source, [0, 0])
+        entry[0] += samples
+        entry[1] += positives
+
+    def without_largest(self) -> int:
+        """Samples from every client but the one that sent most."""
+        sizes = [n for n, _ in self.counts.values()]
+        return sum(sizes) - max(sizes, default=0)
 
 
 def warnings(m: dict[str, Any]) -> dict[str, str]:
@@ -46,10 +74,13 @@ def warnings(m: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def hopeless(m: dict[str, Any], limit: int) -> str:
-    """Why the run should stop ("" if it should not): the reward never (or always) fired in `limit` samples."""
+def hopeless(m: dict[str, Any], limit: int, evidence: Evidence | None = None, clients: int = 1) -> str:
+    """Why the run should stop ("" if it should not): the reward never (or always) fired in `limit` samples, and,
+    when the run shares its rounds among `clients` >= 2, in limit / 2 of them besides the largest client's."""
     samples, positives = m["samples_received"], m["positives_received"]
     if not limit or samples < limit or positives not in (0, samples):
+        return ""
+    if clients >= 2 and evidence is not None and 2 * evidence.without_largest() < limit:
         return ""
     never = positives == 0
     return (f"stopping the run: the reward {'never' if never else 'always'} fired in {samples} training samples "

@@ -117,15 +117,16 @@ class Scheduler:
 
     # ------------------------------------------------------------ events
 
-    def request_work(self, producer_id: str, max_rounds: int, now: float, max_samples: int = 0
+    def request_work(self, producer_id: str, max_rounds: int, now: float, max_samples: int = 0, client: str = ""
                      ) -> list[P.RoundAssignment]:
         """Up to `max_rounds` rounds for `producer_id`, waiting active prompts first, then new admissions; with
-        `max_samples` > 0 also at most that many samples in all (the first round is given even if larger)."""
+        `max_samples` > 0 also at most that many samples in all (the first round is given even if larger). Never
+        more than its fair share, per `client` (its CurveZMQ key; "": the producer alone), see leases.py."""
         if max_rounds < 0 or max_samples < 0:
             raise ValueError(f"max_rounds and max_samples must be >= 0, got {max_rounds} and {max_samples}")
         self.heartbeat(producer_id, now)
         cap = self.buffer.max_rounds_in_flight
-        share = self.leases.room(producer_id, (self.buffer.max_staleness + 1) * self.batch_size, now)
+        share = self.leases.room(producer_id, (self.buffer.max_staleness + 1) * self.batch_size, now, client)
         out: list[P.RoundAssignment] = []
         samples = 0
         while len(out) < min(max_rounds, share) and (cap == 0 or len(self._rounds) < cap):

@@ -8,9 +8,12 @@ is the core's (core.py).
 
 Invariants:
 - a message that cannot be decoded, or that has more than `max_frames` frames, is counted by the core
-  (`malformed`, per sender), logged and dropped; it never stops the loop. A frame larger than
-  buffer.max_message_bytes never reaches the loop: ZeroMQ drops the sender's connection (its client reconnects
-  by itself, losing what it had queued), and nothing is counted;
+  (`malformed`, per sender), logged and dropped; it never stops the loop. A frame larger than `max_frame_bytes`
+  (buffer.max_message_bytes, lowered to what the run's largest frame needs) never reaches the loop: ZeroMQ drops
+  the sender's connection (its client reconnects by itself, losing what it had queued), and nothing is counted.
+  ZeroMQ hands over a message only once all its frames arrived, so it holds a message of too many frames until
+  its end (bounded per frame, not in number) before the loop can drop it: like a flood, bounded by what the
+  sender sends;
 - nothing raised while handling one message, or running the timers, ends the loop: the core's guard counts it
   (`handler_errors`), and a last guard here catches what escapes the core (sending included);
 - a second connection under an identity the router still serves is refused (ROUTER_HANDOVER off), so nobody
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import zmq
 
@@ -61,23 +64,39 @@ def max_frames(cfg: Config) -> int:
     return FRAME_SLACK * (2 + 3 * samples)
 
 
+def max_frame_bytes(cfg: Config) -> int:
+    """Bytes per frame above which ZeroMQ drops the sender's connection (ZMQ_MAXMSGSIZE, which bounds each frame,
+    not a message): buffer.max_message_bytes, lowered to FRAME_SLACK times the largest frame a client sends. An
+    array frame holds one sample's tokens or log-probs (4 bytes each, max_model_len at most); the header holds a
+    few hundred bytes per sample (its fields and array references), a heartbeat's stats, or a weights uri.
+    With this and `max_frames`, a message the buffer reads is at most max_frames * max_frame_bytes."""
+    s, engine = cfg.sampling, cfg.producers.engine
+    samples = max_frames(cfg) // 2  # every sample brings 2 frames of its own
+    array = 4 * engine.max_model_len
+    header = (64 << 10) + 512 * samples
+    return min(cfg.buffer.max_message_bytes, max(1 << 20, FRAME_SLACK * max(array, header, 4 * s.max_new_tokens)))
+
+
 class BufferService:
     """Serves producers and the learner over ZeroMQ; see the module docstring."""
 
     def __init__(self, cfg: Config, prompts: Sequence[PromptRow], eval_prompts: Sequence[Prompt],
                  router_url: str | None = None, control_url: str | None = None, *,
-                 snapshot_every: int = SNAPSHOT_EVERY, resume: bool = False, vocab_size: int | None = None) -> None:
+                 snapshot_every: int = SNAPSHOT_EVERY, resume: bool = False, vocab_size: int | None = None,
+                 tokenize: Callable[[str], Sequence[int]] | None = None) -> None:
         keys_dir = cfg.endpoints.keys_dir
         check_bind(cfg.endpoints.host, keys_dir)
         # SecurityError (keys, token) and snapshot errors are ValueErrors, raised before any socket exists
         token = None if keys_dir else read_token(learner_token_path(cfg.run_dir))
         self.core = BufferCore(cfg, prompts, eval_prompts, now=time.monotonic(), snapshot_every=snapshot_every,
-                               resume=resume, vocab_size=vocab_size)
+                               resume=resume, vocab_size=vocab_size, tokenize=tokenize)
         self.cfg = cfg
-        self.max_frames = max_frames(cfg)
+        self.max_frames, self.max_frame_bytes = max_frames(cfg), max_frame_bytes(cfg)
         self.ctx = zmq.Context()
         self.security = ServerSecurity(self.ctx, keys_dir, token)
         self.roles = self.security.roles
+        if self.security.enabled:  # fairness is per key: each admitted producer key is one client
+            self.core.share_among(self.security.producer_keys)
         if self.roles.mode == "open":
             log.warning("no learner token at %s and no CurveZMQ keys: every local client may act as the learner "
                         "(`reinforce-ada train` makes one; so does `reinforce-ada keys --learner-token PATH`)",
@@ -88,7 +107,7 @@ class BufferService:
             self.security.apply(sock)
             apply_keepalive(sock)
             sock.setsockopt(zmq.LINGER, 500)
-            sock.setsockopt(zmq.MAXMSGSIZE, cfg.buffer.max_message_bytes)  # per frame; see the module docstring
+            sock.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes)  # per frame; see the module docstring
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished peer raises instead of vanishing
         # ROUTER_HANDOVER stays off: a client under an identity already connected is refused, never handed over
         try:
