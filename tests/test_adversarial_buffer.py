@@ -284,3 +284,23 @@ def test_prompt_tokens_are_the_buffers_own_and_token_ids_are_bounded_by_the_toke
     finally:
         producer.close()
     assert "token ids checked against vocab_size 99" in (tmp_path / "buffer.log").read_text()
+
+
+def test_the_run_directory_is_private(tmp_path):
+    """It holds the learner token (0600), checkpoints (weights), logs and samples: mode 0700, also when reused."""
+    import stat
+
+    from pipeline.supervisor.plan import plan_run
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 32}))
+    for reuse in (False, True):
+        run_dir = tmp_path / "runs" / "tiny"
+        if reuse:
+            run_dir.chmod(0o755)
+        cfg = load_config(None, ["--run.dir", str(tmp_path / "runs"), "--model.path", str(model),
+                                 "--endpoints.router_port", "0"])
+        plan = plan_run(cfg)
+        assert stat.S_IMODE(plan.run_dir.stat().st_mode) == 0o700
+        assert stat.S_IMODE(learner_token_path(plan.run_dir).stat().st_mode) == 0o600

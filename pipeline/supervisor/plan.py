@@ -143,6 +143,9 @@ def plan_run(cfg: Config, resume: bool = False) -> RunPlan:
     """Create the run directory, resolve the model (building the tiny one on first use), choose the ports, and
     record every child's command in commands.sh (prepare_run_dir has checked the directory)."""
     run_dir = cfg.run_dir
+    # private: it holds the learner token, checkpoints (weights), logs and samples; other users have no business in it
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    run_dir.chmod(0o700)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     if cfg.model.path == "tiny":
         print("preparing the tiny model (built once into .cache/tiny-model, about a minute)...", flush=True)
