@@ -21,8 +21,12 @@ $(STAMP): pyproject.toml
 	@if echo "$(EXTRAS)" | grep -q cpu; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
 	@touch $@
 
+# a new run directory each time (runs/tiny-YYYYmmdd-HHMMSS; runs/latest points at the newest), unless ARGS resumes
+# a run or names one
+RUN_NAME = $(if $(findstring --resume,$(ARGS))$(findstring --run.name,$(ARGS)),,--run.name tiny-$(shell date +%Y%m%d-%H%M%S))
+
 run: install
-	$(PY) -m pipeline.cli train $(ARGS)
+	$(PY) -m pipeline.cli train $(RUN_NAME) $(ARGS)
 
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -139,6 +139,21 @@ def prepare_run_dir(cfg: Config, resume: bool = False, overwrite: bool = False) 
     shutil.rmtree(run_dir)
 
 
+LATEST = "latest"
+
+
+def link_latest(run_dir: Path) -> None:
+    """Point `<run.dir>/latest` at this run (a relative link, replaced atomically), so the newest run is easy to
+    find (`eval --model runs/latest`, `--resume runs/latest`). A real file or folder named `latest` is left alone."""
+    link = run_dir.parent / LATEST
+    if run_dir.name == LATEST or (link.exists() and not link.is_symlink()):
+        return
+    tmp = run_dir.parent / f".{LATEST}.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(run_dir.name)
+    os.replace(tmp, link)
+
+
 def plan_run(cfg: Config, resume: bool = False) -> RunPlan:
     """Create the run directory, resolve the model (building the tiny one on first use), choose the ports, and
     record every child's command in commands.sh (prepare_run_dir has checked the directory)."""
@@ -147,6 +162,7 @@ def plan_run(cfg: Config, resume: bool = False) -> RunPlan:
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     run_dir.chmod(0o700)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    link_latest(run_dir)
     if cfg.model.path == "tiny":
         print("preparing the tiny model (built once into .cache/tiny-model, about a minute)...", flush=True)
     elif cfg.model.path == SMOLLM2 or is_gguf(cfg.model.path):
