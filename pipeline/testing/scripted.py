@@ -43,13 +43,15 @@ def pass_rate(prompt: str, seed: int = 0) -> float:
 def run_producer(connect: str, producer_id: str, round_seconds: float = 0.0, max_rounds: int = 16,
                  tokens: int = 16, seed: int = 0, control_port: int | None = None, vocab: int = 32,
                  request_timeout_s: float = 5.0, heartbeat_s: float = 1.0, ignore_aborts: bool = False,
-                 keys_dir: str = "") -> dict:
+                 keys_dir: str = "", timeline: str = "") -> dict:
     """Serve rounds until the buffer shuts down (or SIGTERM). Returns counters (`rounds` = results sent).
 
     Every assignment "generates" for `round_seconds` (its rounds run concurrently, as in an engine), sending
     heartbeats and reading aborts meanwhile. `ignore_aborts` plays a producer whose control channel lags: it
     sends every result, so results of expired rounds reach the buffer late. The scripted engine loads new
     weights instantly: it adopts every learner version it hears of (VersionUpdate or an Assignments reply).
+    With `timeline`, every WorkRequest (sent, answered) and every assignment (start, end, rounds, version) is
+    written there as JSONL when it stops, in wall-clock seconds (bench.pipeline's timeline).
     """
     router_url, control_url = parse_connect(connect, control_port)
     client = BufferClient(router_url, control_url, producer_id, keys_dir)
@@ -59,6 +61,7 @@ def run_producer(connect: str, producer_id: str, round_seconds: float = 0.0, max
     counts = {"rounds": 0, "samples": 0, "aborted": 0, "assignments": 0, "request_timeouts": 0}
     signal.signal(signal.SIGTERM, lambda *a: state.__setitem__("stop", True))
     aborted: set[int] = set()
+    events: list[dict] = []
 
     def control(wait_s: float = 0.0) -> None:
         for msg in client.poll_control(wait_s):
@@ -78,8 +81,11 @@ def run_producer(connect: str, producer_id: str, round_seconds: float = 0.0, max
             control()
             if state["stop"]:
                 break
+            asked = time.time()
             reply = client.request(P.WorkRequest(producer_id, max_rounds, state["version"]), P.Assignments,
                                    request_timeout_s)
+            events.append({"kind": "request", "start": asked, "end": time.time(),
+                           "rounds": len(reply.rounds) if reply is not None else 0})
             if reply is None:  # the buffer is down or restarting: ask again (ZeroMQ reconnects by itself)
                 counts["request_timeouts"] += 1
                 continue
@@ -89,9 +95,11 @@ def run_producer(connect: str, producer_id: str, round_seconds: float = 0.0, max
                 continue
             counts["assignments"] += 1
             version = state["version"]  # the weights the round starts with (the sample's oldest version)
-            end = time.monotonic() + round_seconds
+            started, end = time.time(), time.monotonic() + round_seconds
             while (left := end - time.monotonic()) > 0 and not state["stop"]:
                 control(min(left, heartbeat_s / 2, 0.1))
+            events.append({"kind": "generate", "start": started, "end": time.time(), "rounds": len(reply.rounds),
+                           "version": version})
             for rnd in reply.rounds:
                 if state["stop"]:
                     break
@@ -113,6 +121,9 @@ def run_producer(connect: str, producer_id: str, round_seconds: float = 0.0, max
                 counts["samples"] += len(samples)
     finally:
         client.close()  # lingers until queued results are sent
+        if timeline:
+            with open(timeline, "w") as f:
+                f.writelines(json.dumps(e) + "\n" for e in events)
     return counts
 
 
@@ -226,12 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys-dir", default="", help="CurveZMQ keys directory (see `reinforce-ada keys`)")
     parser.add_argument("--token-file", default=None, help="learner: the run's learner token file (loopback)")
     parser.add_argument("--out", help="write the summary JSON here")
+    parser.add_argument("--timeline", default="", help="producer: write its requests and assignments here (JSONL)")
     args = parser.parse_args(argv)
     if args.role == "producer":
         result = run_producer(args.connect, args.id, args.round_seconds, args.max_rounds, args.tokens,
                               control_port=args.control_port, vocab=args.vocab,
                               request_timeout_s=args.request_timeout or 5.0, heartbeat_s=args.heartbeat,
-                              ignore_aborts=args.ignore_aborts, keys_dir=args.keys_dir)
+                              ignore_aborts=args.ignore_aborts, keys_dir=args.keys_dir, timeline=args.timeline)
     else:
         result = run_learner(args.connect, args.steps, args.batch, args.train_seconds,
                              group_size=args.group_size, control_port=args.control_port,
