@@ -63,9 +63,10 @@ def load_examples(cfg: Config, name: str, train: bool) -> list[Example]:
     """The examples of one data.train_files / data.eval_files entry ("arithmetic" = the built-in task)."""
     if name == ARITHMETIC:
         levels = tuple(cfg.data.arithmetic_levels)
+        fmt = cfg.data.arithmetic_format
         if train:
-            return make_arithmetic(cfg.data.num_arithmetic_train, levels, seed=cfg.run.seed + 1)
-        return make_arithmetic(cfg.data.num_arithmetic_eval, levels, seed=cfg.run.seed + EVAL_SEED_OFFSET)
+            return make_arithmetic(cfg.data.num_arithmetic_train, levels, seed=cfg.run.seed + 1, fmt=fmt)
+        return make_arithmetic(cfg.data.num_arithmetic_eval, levels, seed=cfg.run.seed + EVAL_SEED_OFFSET, fmt=fmt)
     return load_dataset(name, problem_key=cfg.data.problem_key or None, answer_key=cfg.data.answer_key or None,
                         extra_keys=cfg.data.extra_keys)
 

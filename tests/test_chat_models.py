@@ -163,3 +163,37 @@ def test_eval_on_a_chat_model_writes_its_rendered_prompts_and_scores(tmp_path, s
         assert row["prompt"].startswith("<|im_start|>system\n") and "\\boxed{}" in row["prompt"]
         assert len(row["completions"]) == len(row["rewards"]) == 2
         assert all(c.strip() for c in row["completions"])  # a chat model answers in words, not "." and " 42."
+
+
+def test_final_number_reads_the_last_box_else_the_last_number_and_evaluates_nothing():
+    from pipeline.rewards.math import final_number
+
+    assert final_number("2 + 9 = 11.", "11") == 1.0 and final_number("3 - 8 = -5", "-5") == 1.0
+    assert final_number("so \\boxed{46}, not 47", "46") == 1.0  # a box is the answer, wherever it is
+    assert final_number("What is 12 + 34?", "46") == 0.0  # restating the question ends on 34
+    assert final_number("\\boxed{12+34}", "46") == 0.0  # an expression is not a number
+    assert final_number("no number", "1") == 0.0 and final_number("46", "forty-six") == 0.0
+
+
+def test_the_arithmetic_task_can_be_worded_for_a_chat_model_with_the_same_problems():
+    from pipeline.prompts import load_examples
+
+    plain = load_examples(load_config(), "arithmetic", train=True)[:20]
+    cfg = load_config(None, ["--data.arithmetic_format", "What is {a} {op} {b}?"])
+    worded = load_examples(cfg, "arithmetic", train=True)[:20]
+    assert [e.answer for e in plain] == [e.answer for e in worded]
+    for p, w in zip(plain, worded):
+        a, op, b = w.problem.removeprefix("What is ").removesuffix("?").split(" ")
+        assert p.problem == f"{a}{op}{b}"
+    with pytest.raises(ConfigError, match="arithmetic_format"):
+        load_config(None, ["--data.arithmetic_format", "{a} {x} {b}"])
+
+
+def test_the_smollm2_recipe_holds_out_problems_it_never_trains_on():
+    from pipeline.data import normalize_problem
+    from pipeline.prompts import load_examples
+
+    cfg = load_config(REPO / "configs" / "smollm2-135m.toml")
+    train = {normalize_problem(e.problem) for e in load_examples(cfg, "arithmetic", train=True)}
+    held = [e for e in load_examples(cfg, "arithmetic", train=False) if normalize_problem(e.problem) not in train]
+    assert len(train) == 120 and len(held) >= cfg.eval.num_problems

@@ -60,12 +60,22 @@ class DataConfig(Section):
     arithmetic_levels: Annotated[list[Literal[1, 2, 3]], Meta(
         min_length=1, description="operand digits drawn for the built-in task (the tiny model is made for 2)")] = \
         msgspec.field(default_factory=lambda: [2])
+    arithmetic_format: Annotated[str, Meta(description=(
+        'how the built-in task writes a problem: a format string with {a}, {op} and {b} ("{a}{op}{b}" = "12+34", '
+        'what the tiny model reads; "What is {a} {op} {b}?" for a chat model)'))] = "{a}{op}{b}"
     max_prompts: Annotated[int, Meta(ge=0, description="use only the first N training prompts (0 = all)")] = 0
     max_overlong_share: Annotated[float, Meta(ge=0, le=1, description=(
         "training prompts longer than max_model_len - max_new_tokens are left out (with a warning) while they "
         "are at most this share of the data; more is an error (a context length that does not suit the data)"))] = 0.5
 
     def check(self) -> None:
+        from pipeline.data.arithmetic import format_problem
+
+        try:
+            format_problem(self.arithmetic_format, 1, "+", 2)
+        except (KeyError, IndexError, ValueError) as exc:
+            self.require(False, "arithmetic_format", f"{self.arithmetic_format!r} is not a format string with only "
+                         f"{{a}}, {{op}} and {{b}} ({type(exc).__name__}: {exc}); write literal braces as {{{{ }}}}")
         names = [key.rsplit(".", 1)[-1] for key in self.extra_keys]  # the keyword each extra is passed as
         for key, name in zip(self.extra_keys, names):
             self.require(name.isidentifier() and not keyword.iskeyword(name) and all(key.split(".")), "extra_keys",

@@ -91,6 +91,29 @@ def boxed_number(completion: str, answer: str) -> float:
     return float(gold is not None and pred is not None and pred == gold)
 
 
+_LAST_NUMBER = re.compile(r"[+-]?\d[\d,]*(?:\.\d+)?")
+
+
+def final_number(completion: str, answer: str) -> float:
+    """1.0 if the completion's final answer, its last \\boxed{} or else the last number in its tail, is one plain
+    number equal to the numeric gold `answer`, else 0.0 (GSM8K's rule, with boxes honoured).
+
+    For small chat models that state an answer ("2 + 9 = 11") but rarely box it. Nothing is evaluated, so
+    restating the question ("What is 12 + 34?") ends on 34, not 46; a problem whose answer is its own last operand
+    ("0 + 7") is the one case a restatement scores."""
+    if not (isinstance(completion, str) and isinstance(answer, str)):
+        return 0.0
+    gold = _as_number(answer)
+    tail = completion[-TAIL_CHARS:]
+    boxed = last_boxed(tail)
+    if boxed is not None:
+        pred = _as_number(boxed)
+    else:
+        numbers = _LAST_NUMBER.findall(tail)
+        pred = _as_number(numbers[-1]) if numbers else None
+    return float(gold is not None and pred is not None and pred == gold)
+
+
 def math_reward(completion: str, answer: str, timeout_s: float = 5.0) -> float:
     """`verify` limited to `timeout_s` seconds; errors and timeouts give 0.0. Never raises.
 
