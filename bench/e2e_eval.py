@@ -5,7 +5,8 @@
 SPEC: {"config": "configs/tiny.toml", "seed": S, "runs": [{"key": ..., "overrides": [...], "versions": {"10": "FILE",
 ...}}]}.
 Version 0 is the base model. OUT: {"runs": {key: {"problems": P, "evals": [{"version", "accuracy", "se",
-"pass_at_k", "seconds"}], "last_per_problem": [accuracy of each problem at the last version]}}}.
+"pass_at_k", "seconds", "per_problem"}], "last_per_problem": [accuracy of each problem at the last version]}}}.
+Samples are scored by the config's reward.fn.
 
 Why not the buffer's own evaluation during training: it shares the producers with training (half of each work
 request), so a 1,000-problem evaluation would take most of GRPO's wall-clock time and run over several learner
@@ -86,10 +87,11 @@ def evaluate(spec: dict) -> dict:
                 t0 = time.monotonic()
                 rewards = sample_and_score(llm, [p.text for p in prompts], [p.answer for p in prompts], cfg.eval.k,
                                            cfg.sampling.temperature, cfg.sampling.top_p, max_new, spec["seed"],
-                                           cfg.producers.reward_workers, cfg.producers.reward_timeout_s)
+                                           cfg.producers.reward_workers, cfg.producers.reward_timeout_s,
+                                           reward_fn=cfg.reward.fn)
                 done[key] = {**scores(rewards), "seconds": time.monotonic() - t0,
                              "per_problem": [sum(r) / len(r) for r in rewards]}
-            evals.append({"version": version, **{k: v for k, v in done[key].items() if k != "per_problem"}})
+            evals.append({"version": version, **done[key]})
             print(f"{run['key']} v{version}: Ave@{cfg.eval.k} {done[key]['accuracy']:.3f} "
                   f"+- {done[key]['se']:.3f} ({len(prompts)} problems)", flush=True)
         # the last version's per-problem accuracy: the caller pairs it with another run's on the same problems

@@ -42,19 +42,19 @@ def eval_versions(steps: int, every: int) -> list[int]:
 
 
 def train_args(run_dir: Path, name: str, strategy: Strategy, setting_overrides: list[str], seed: int, steps: int,
-               weights_dir: str) -> list[str]:
+               weights_dir: str, config: str = CONFIG) -> list[str]:
     """The `reinforce-ada train` arguments of one run (after `python -m pipeline.cli`)."""
-    return ["train", "--config", CONFIG, "--run.dir", str(run_dir), "--run.name", name, "--run.live", "false",
+    return ["train", "--config", config, "--run.dir", str(run_dir), "--run.name", name, "--run.live", "false",
             "--run.seed", str(seed), "--learner.num_steps", str(steps), "--learner.eval_every", "0",
             "--weights.dir", weights_dir, "--weights.keep", str(steps + 1), *setting_overrides, *strategy.overrides]
 
 
 def run_training(run_dir: Path, name: str, strategy: Strategy, setting_overrides: list[str], seed: int, steps: int,
-                 versions: list[int], timeout_s: float) -> dict:
+                 versions: list[int], timeout_s: float, config: str = CONFIG) -> dict:
     """Train one run to its end (or the timeout) and summarise it; the evaluated versions' weights are copied to
     run_dir/name/weights/."""
     shm = Path(tempfile.mkdtemp(prefix=f"reinforce-ada-e2e-{name}-", dir="/dev/shm"))
-    args = train_args(run_dir, name, strategy, setting_overrides, seed, steps, str(shm))
+    args = train_args(run_dir, name, strategy, setting_overrides, seed, steps, str(shm), config)
     out_path = run_dir / f"{name}.out"
     t0 = time.monotonic()
     kept: dict[int, str] = {}
