@@ -141,12 +141,18 @@ def test_a_client_without_the_learner_token_cannot_act_as_the_learner(tmp_path, 
 
 
 def _poisoner(port: int, stop: threading.Event, sent: dict) -> None:
-    """Takes rounds as a producer and answers each with a poisoned result, one kind after another."""
+    """Takes rounds as a producer and answers each with a poisoned result, one kind after another. It claims the
+    learner's version, as an honest producer does, so it is served throughout the run (a producer of version 0 gets
+    no rounds once the learner is past max_staleness)."""
     client = BufferClient(*_urls(port), "poisoner")
+    version = 0
     try:
         while not stop.is_set():
-            reply = client.request(P.WorkRequest("poisoner", 2, 0), P.Assignments, 5.0)
+            reply = client.request(P.WorkRequest("poisoner", 2, version), P.Assignments, 5.0)
+            version = reply.learner_version if reply is not None else version
             for a in reply.rounds if reply is not None else []:
+                sent["mine"].add(a.round_id)  # the forger's clue: where the round ids are now
+                sent["last"] = max(sent["last"], a.round_id)
                 kinds = poisoned_results(a, _prompt_ids(a), 2048)
                 kind = sorted(kinds)[sent["n"] % len(kinds)]
                 client.send(kinds[kind])
@@ -167,17 +173,23 @@ def _flood(port: int, stop: threading.Event, sent: dict) -> None:
         flooder.close()
 
 
-def _forger(port: int, stop: threading.Event, sent: dict) -> None:
-    """Forges results for guessed round ids (some are other producers' rounds in flight), as many identities."""
+def _forger(port: int, stop: threading.Event, sent: dict, seen: dict) -> None:
+    """Forges results for other producers' rounds in flight, as many identities. Round ids are sequential, so the
+    attacker sweeps the ids below the newest one its accomplice (the poisoner, `seen`) was handed, leaving out the
+    poisoner's own: every id it forges for went to an honest producer, and those still out are leased to them.
+    (Guessing in a fixed range of ids missed every leased round whenever the poisoner's re-issued rounds had taken
+    the ids past the range before the honest producers started.)"""
     rng = random.Random(2)
     clients = [BufferClient(*_urls(port), f"forger{i}") for i in range(3)]
     try:
         while not stop.is_set():
-            rid = rng.randrange(0, 400)
-            a = P.RoundAssignment(rid, rid, "1+1=", "2", 8, 1.0)
-            rng.choice(clients).send(_result(a, "p0", reward=1.0))
-            sent["n"] += 1
-            stop.wait(0.005)
+            mine, last = seen["mine"], seen["last"]
+            for rid in range(max(0, last - 48), last):
+                if rid not in mine:
+                    a = P.RoundAssignment(rid, rid, "1+1=", "2", 8, 1.0)
+                    rng.choice(clients).send(_result(a, "p0", reward=1.0))
+                    sent["n"] += 1
+            stop.wait(0.05)
     finally:
         for c in clients:
             c.close()
@@ -187,15 +199,18 @@ def test_every_attack_in_a_loop_and_an_honest_producer_and_learner_still_finish(
     port, buf, token = _buffer(tmp_path, procs, "--buffer.lease_s", "20")
     stop = threading.Event()
     counts = {name: {"n": 0} for name in ("poison", "flood", "forge")}
-    attackers = [threading.Thread(target=fn, args=(port, stop, counts[name]), daemon=True)
-                 for name, fn in (("poison", _poisoner), ("flood", _flood), ("forge", _forger))]
+    counts["poison"].update(mine=set(), last=0)  # the poisoner's round ids
+    attackers = [threading.Thread(target=fn, args=(port, stop, counts[name], *more), daemon=True)
+                 for name, fn, *more in (("poison", _poisoner), ("flood", _flood),
+                                         ("forge", _forger, counts["poison"]))]
     for t in attackers:
         t.start()
     try:
         time.sleep(5.0)  # the attacks alone first
         assert buf.poll() is None
         outs = [tmp_path / f"p{i}.json" for i in range(2)]
-        honest = [start(scripted_command("producer", port, "--id", f"p{i}", "--round-seconds", "0.02", "--out",
+        # rounds of 0.2 s stay out long enough for the forger's sweeps (every 0.05 s) to find them leased
+        honest = [start(scripted_command("producer", port, "--id", f"p{i}", "--round-seconds", "0.2", "--out",
                                          str(outs[i]))) for i in range(2)]
         out_l = tmp_path / "learner.json"
         learner = start(scripted_command("learner", port, "--steps", "8", "--batch", "8", "--no-shutdown",
@@ -208,14 +223,19 @@ def test_every_attack_in_a_loop_and_an_honest_producer_and_learner_still_finish(
             t.join(timeout=30)
     summary = json.loads(out_l.read_text())
     m = buffer_metrics(port, timeout_s=10)
-    print(f"attacks: {counts}; buffer counted malformed {m['buffer/malformed']}, invalid {m['buffer/invalid']}, "
-          f"refused {m['buffer/refused_role']}, foreign {m['buffer/results_foreign']}, rejected "
+    sent = {name: c["n"] for name, c in counts.items()}
+    print(f"attacks: {sent}; buffer counted malformed {m['buffer/malformed']}, invalid {m['buffer/invalid']}, "
+          f"refused {m['buffer/refused_role']}, foreign {m['buffer/results_foreign']} (of {m['rounds_issued']} "
+          f"rounds issued), rejected "
           f"{m['rejected_by_reason']}, peers {m['peers']}, evicted {m['buffer/peers_evicted']}; learner "
           f"{summary['steps']} steps, {summary['groups']} groups, poisoned {summary['poisoned']}")
     assert buf.poll() is None  # the buffer never exited on a message
     assert summary["versions"] == list(range(1, 9)) and summary["groups"] == 64 and summary["bad_group_size"] == 0
     assert summary["poisoned"] == 0 and summary["late_groups"] == 0  # nothing forged reached a released group
     assert len(set(summary["prompt_ids"])) == 64
+    # only the honest producers' samples were taken: no forged result for their rounds was applied
+    takers = {pid for pid, p in m["progress"]["producers"].items() if p["samples_received"]}
+    assert takers == {"p0", "p1"}, m["progress"]["producers"]
     assert prompts_accounted(m), m  # admitted == released - reopened + dropped + active
     assert m["buffer/handler_errors"] == 0 and m["learner_version"] == 8
     for counter in ("malformed", "invalid", "refused_role", "results_foreign", "rejected_values"):
