@@ -65,3 +65,20 @@ def test_the_streaming_scheduler_has_no_barrier():
     """The check above is not vacuous: the streaming scheduler, same events, breaks it."""
     with pytest.raises(AssertionError, match="a round before the barrier"):
         _run(Scheduler)
+
+
+def test_timeline_summary_splits_the_learner_wait_into_engine_time_and_tail():
+    """bench/pipeline_timeline.py on a hand-made timeline: steps of 1 s (0.6 s wait, 0.3 s train, 0.1 s publish);
+    producer a generates for the first 0.4 s of each wait, b for all of it: the tail is 0.2 s a step."""
+    from bench.pipeline_timeline import summarize
+
+    rows = [{"time": t + 1.0, "wait_seconds": 0.6, "step_seconds": 0.4, "publish_seconds": 0.1} for t in range(4)]
+    producers = {"a": [{"kind": "generate", "start": t, "end": t + 0.4, "rounds": 4} for t in range(4)],
+                 "b": [{"kind": "generate", "start": t + 0.02, "end": t + 0.6, "rounds": 8} for t in range(4)]}
+    s = summarize(rows, producers, warmup=1, max_rounds=8)
+    assert s["steps"] == 3 and abs(s["window_s"] - 3.0) < 1e-9
+    assert abs(s["per_step_s"]["wait"] - 0.6) < 1e-9 and abs(s["per_step_s"]["train"] - 0.3) < 1e-9
+    assert abs(s["per_step_s"]["publish"] - 0.1) < 1e-9
+    assert abs(s["per_step_s"]["tail"] - 0.22) < 1e-9  # a idle from 0.4, b from 0 to 0.02 of each wait
+    assert abs(s["producer_busy_share"]["a"] - 0.4) < 1e-9 and abs(s["slots_used"] - 0.75) < 1e-9
+    assert abs(s["handoff_s_median"] - 0.01) < 1e-9  # a starts at each step's end, b 0.02 s later
