@@ -282,6 +282,8 @@ def models(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("models")
     paths = [save_sharpened_tiny(root / f"m{seed}", seed, SHARPEN) for seed in (0, 1)]
+    for p in paths:  # engines load weights only from private folders (pipeline/weights/private.py)
+        p.chmod(0o700)
     hf = [AutoModelForCausalLM.from_pretrained(p, dtype="float32").eval() for p in paths]
     return paths, hf, AutoTokenizer.from_pretrained(paths[0])
 
@@ -531,7 +533,7 @@ def test_producer_process_end_to_end(producer_proc, models):
 
     # new weights: later rounds carry version 1 and their log-probs are those of model 1
     weights = m1.parent / "weights" / "v000001.safetensors"
-    weights.parent.mkdir(exist_ok=True)
+    weights.parent.mkdir(mode=0o700, exist_ok=True)
     shutil.copy(m1 / "model.safetensors", weights)
     buf.publish(P.VersionUpdate(1, P.WeightAnnouncement(1, str(weights), weights.stat().st_size)))
     buf.wait(lambda: buf.beats and buf.beats[-1].version == 1, 30, "the weights to load")
