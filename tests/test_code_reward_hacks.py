@@ -283,14 +283,17 @@ def test_limits_hold_inside_the_box():
 
 
 @pytest.mark.parametrize("kind", [sandbox.UNSHARE, sandbox.NONE])
-def test_weaker_tiers_keep_the_verdict_out_of_reach(kind):
+def test_weaker_tiers_keep_the_verdict_out_of_reach(kind, tmp_path, monkeypatch):
     iso = next((c for c in sandbox._candidates() if c.kind == kind), None)
     if iso is None or sandbox._works(iso):
         pytest.skip(f"isolation {kind!r} does not work here")
+    monkeypatch.chdir(tmp_path)  # the caller's working directory: the boxes work in fresh directories of their own
     assert score(CORRECT, iso=iso) == 1.0
     for name in ("frame inspection (the issue's attack)", "write the result file and descriptors",
                  "an object equal to everything", "exit before the tests"):
         assert score(VERDICT_HACKS[name], iso=iso) == 0.0, name
+    assert score("open('scratch.txt', 'w').write('x')\n" + CORRECT, iso=iso) == 1.0  # a program's own files
+    assert list(tmp_path.iterdir()) == [], "a box wrote into the caller's working directory"
 
 
 def test_a_forced_tier_that_is_missing_is_an_error_naming_the_fix(monkeypatch):

@@ -15,8 +15,9 @@ the program cannot reach, from values it never sees. Each sample runs as two pro
 Both boxes have no network, no writable file outside their own /tmp, no view of the run directory, keys,
 virtualenv or weights (with bwrap; weaker tiers are logged), and limits on CPU, memory, file size, open files and
 processes; both are killed, with everything they started, when the call returns, times out or is interrupted.
-What a program can use: the standard library, its own /tmp. Tests can pass plain values (numbers, strings, bytes,
-lists, tuples, dicts, sets) and the program's own objects to its functions, not functions of their own.
+What a program can use: the standard library, its own /tmp (in the weaker tiers, a fresh private working
+directory, never the caller's). Tests can pass plain values (numbers, strings, bytes, lists, tuples, dicts, sets)
+and the program's own objects to its functions, not functions of their own.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 
 from pipeline.rewards import sandbox
 
@@ -49,14 +51,26 @@ def run_program(program: str, tests: str, time_limit_s: float = TIME_LIMIT_S,
     """True if `tests` run to their end against `program` (see the module docstring) within `time_limit_s`; `iso`
     is the isolation to use (default: the strongest this machine allows)."""
     iso = iso or sandbox.isolation()
+    if iso.kind == sandbox.BWRAP:  # each box works in its own /tmp
+        return _run_boxes(program, tests, time_limit_s, iso, None, None)
+    # the weaker tiers share the file system: each box works in a fresh private directory, removed after the call
+    # (after the boxes are killed), never in the caller's working directory
+    with (tempfile.TemporaryDirectory(prefix="reinforce-ada-program-", ignore_cleanup_errors=True) as program_dir,
+          tempfile.TemporaryDirectory(prefix="reinforce-ada-tester-", ignore_cleanup_errors=True) as tester_dir):
+        return _run_boxes(program, tests, time_limit_s, iso, program_dir, tester_dir)
+
+
+def _run_boxes(program: str, tests: str, time_limit_s: float, iso: sandbox.Isolation, program_dir: str | None,
+               tester_dir: str | None) -> bool:
     limits = sandbox.box_limits(time_limit_s, MAX_MEMORY_BYTES, MAX_FILE_BYTES, iso)
     to_program_r, to_program_w = os.pipe()  # tester -> program box
     from_program_r, from_program_w = os.pipe()  # program box -> tester
     boxes = []
     try:
-        boxes.append(sandbox.start_box(iso, "program", limits, stdin=to_program_r, stdout=from_program_w))
+        boxes.append(sandbox.start_box(iso, "program", limits, stdin=to_program_r, stdout=from_program_w,
+                                       workdir=program_dir))
         tester = sandbox.start_box(iso, "tester", limits, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   pass_fds=(to_program_w, from_program_r))
+                                   pass_fds=(to_program_w, from_program_r), workdir=tester_dir)
         boxes.append(tester)
         for fd in (to_program_r, to_program_w, from_program_r, from_program_w):
             os.close(fd)

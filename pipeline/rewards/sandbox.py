@@ -12,6 +12,9 @@ Tiers, strongest first (`isolation()` probes each once per process and keeps the
   trainer user's: the program can read what that user can.
 - "none": a plain subprocess in its own session, with resource limits only: it can read and write what the
   trainer user can, open sockets, and outlive the call with setsid. A warning says so once per process.
+In the two weaker tiers each box works in a fresh private directory the caller makes (`start_box`'s `workdir`,
+also its HOME and TMPDIR), never in the caller's working directory, so a program's relative paths cannot write
+into the checkout or the run directory it was started from.
 Every tier sets limits before the program starts: CPU seconds, address space, file size, open files, no core
 files, and (where the box has a uid or user namespace of its own) processes.
 
@@ -162,14 +165,24 @@ def box_limits(cpu_s: float, memory_bytes: int, file_bytes: int, iso: Isolation)
 
 
 def start_box(iso: Isolation, role: str, limits: dict[str, int], *, stdin, stdout,
-              pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+              pass_fds: tuple[int, ...] = (), workdir: str | None = None) -> subprocess.Popen:
     """Start one box running `code_box.py` in `role` ("program" or "tester"); `pass_fds` reach the tester as its
-    channel to the program box. Its own session: `kill_box` ends it and everything it started."""
+    channel to the program box. Its own session: `kill_box` ends it and everything it started. `workdir`: the
+    box's working directory, HOME and TMPDIR in the weaker tiers (required there: a fresh private directory, which
+    the caller removes once the box is killed); a bwrap box works in its own /tmp and needs none."""
+    if iso.kind == BWRAP:
+        cwd, env = None, box_env()
+    elif workdir is None:
+        raise ValueError(f"a box of isolation {iso.kind!r} shares the file system with the caller: pass workdir, a "
+                         "fresh private directory (tempfile.TemporaryDirectory), so that the program does not write "
+                         "into the caller's working directory")
+    else:
+        cwd, env = workdir, {**box_env(), "HOME": workdir, "TMPDIR": workdir}
     uid = (1 << 28) + secrets.randbelow(1 << 24) if iso.kind == BWRAP and iso.as_root else 0
     argv = [*iso.prefix, interpreter()[0], "-I", "-S", "-B", "-c", BOX_SOURCE, role, json.dumps(limits), str(uid),
             *map(str, pass_fds)]
     return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=subprocess.DEVNULL, pass_fds=pass_fds,
-                            start_new_session=True, env=box_env())
+                            start_new_session=True, env=env, cwd=cwd)
 
 
 def kill_box(proc: subprocess.Popen) -> None:
