@@ -26,6 +26,7 @@ import json
 import os
 import subprocess
 import tempfile
+from pathlib import Path
 
 from pipeline.rewards import sandbox
 
@@ -53,11 +54,13 @@ def run_program(program: str, tests: str, time_limit_s: float = TIME_LIMIT_S,
     iso = iso or sandbox.isolation()
     if iso.kind == sandbox.BWRAP:  # each box works in its own /tmp
         return _run_boxes(program, tests, time_limit_s, iso, None, None)
-    # the weaker tiers share the file system: each box works in a fresh private directory, removed after the call
-    # (after the boxes are killed), never in the caller's working directory
-    with (tempfile.TemporaryDirectory(prefix="reinforce-ada-program-", ignore_cleanup_errors=True) as program_dir,
-          tempfile.TemporaryDirectory(prefix="reinforce-ada-tester-", ignore_cleanup_errors=True) as tester_dir):
-        return _run_boxes(program, tests, time_limit_s, iso, program_dir, tester_dir)
+    # the weaker tiers share the file system: each box works in a fresh directory inside a private one (so "../x"
+    # stays inside too), all removed after the call (after the boxes are killed), never the caller's directory
+    with tempfile.TemporaryDirectory(prefix="reinforce-ada-boxes-", ignore_cleanup_errors=True) as private:
+        program_dir, tester_dir = Path(private, "program"), Path(private, "tester")
+        program_dir.mkdir(mode=0o700)
+        tester_dir.mkdir(mode=0o700)
+        return _run_boxes(program, tests, time_limit_s, iso, str(program_dir), str(tester_dir))
 
 
 def _run_boxes(program: str, tests: str, time_limit_s: float, iso: sandbox.Isolation, program_dir: str | None,
