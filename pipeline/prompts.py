@@ -170,10 +170,11 @@ def render_for_model(model_dir: str, problems: list, template: str = "auto", sys
     `eval` and `select-prompts` render them: with template "auto", the model's chat template when its tokenizer
     has one. For `AdaptiveSampler` and other loops of one's own."""
     from pipeline.config import load_config
+    from pipeline.models import resolve_model_path
 
     cfg = load_config(None, ["--model.path", model_dir, "--data.template", template,
                              "--data.system_prompt", system_prompt])
-    tokenizer = load_tokenizer(cfg, model_dir)
+    tokenizer = load_tokenizer(cfg, resolve_model_path(cfg))  # "smollm2-135m", a .gguf file: its directory
     examples = [Example(problem=p, answer="", source=f"problems:{i}") if isinstance(p, str) else
                 Example(problem=p[-1]["content"], answer="", source=f"problems:{i}", messages=tuple(p))
                 for i, p in enumerate(problems)]
