@@ -62,17 +62,24 @@ def offline(model: Path, data: Path, k: int, new_tokens: int, engines: int, eage
     threads = max(1, (os.cpu_count() or 2) // engines)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
            "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(ROOT)}
+    # each engine's stderr goes to a file (a pipe read only after the other engine finished could stall it), and
+    # its end is shown when the engine fails: the error says why (it used to be thrown away)
+    errs = [tempfile.TemporaryFile("w+") for _ in range(engines)]
     procs = [subprocess.Popen([sys.executable, "-c", OFFLINE, str(model), str(data), str(k), str(new_tokens),
                                str(i), str(engines), "1" if eager else "0"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL,
-                              text=True, cwd=ROOT) for i in range(engines)]
+                              stderr=errs[i], text=True, cwd=ROOT) for i in range(engines)]
     results = []
-    for p in procs:
+    for i, p in enumerate(procs):
         out, _ = p.communicate(timeout=1800)
         line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
         if p.returncode != 0 or line is None:
-            raise RuntimeError(f"offline engine failed with exit code {p.returncode}")
+            errs[i].seek(0)
+            raise RuntimeError(f"offline engine {i + 1} of {engines} failed with exit code {p.returncode}"
+                               f"{' and no RESULT line' if line is None else ''}; its output ends:\n"
+                               f"{out[-1000:]}\n{errs[i].read()[-3000:]}")
         results.append(json.loads(line[len("RESULT "):]))
+    for f in errs:
+        f.close()
     tokens = sum(r["tokens"] for r in results)
     seconds = max(r["seconds"] for r in results)  # they run at the same time: the pair is done when both are
     return {"engines": engines, "threads": threads, "tokens": tokens, "seconds": seconds,
