@@ -202,6 +202,19 @@ def trl_arm(config: str, seed: int, steps: int, every: int, work: Path, timeout_
     return {"code": "failed", "why_not_vllm": why, "steps": 0}
 
 
+def reuse_trl(folder: Path, seed: int, steps: int) -> dict:
+    """The TRL arm of an earlier invocation (same config and seed): its result.json, weights where they lie."""
+    for kind in ("vllm", "transformers"):
+        path = folder / f"trl-{kind}-s{seed}" / "result.json"
+        if path.is_file():
+            run = json.loads(path.read_text())
+            if run.get("steps") != steps:
+                raise SystemExit(f"--reuse-trl: {path} ran {run.get('steps')} steps, not {steps}")
+            return {**run, "code": 0, "reused": str(path)}
+    raise SystemExit(f"--reuse-trl: no trl-vllm-s{seed}/result.json or trl-transformers-s{seed}/result.json in "
+                     f"{folder}")
+
+
 # ---------------------------------------------------------------- the sweep
 
 
@@ -252,6 +265,18 @@ def paired(a: list[float], b: list[float]) -> tuple[float, float]:
     return statistics.fmean(d), 1.96 * sd / math.sqrt(len(d))
 
 
+def time_split(run_path: Path) -> dict:
+    """Where a run's learner time went: seconds per step computing (log-probs, loss, backward, publish) and waiting
+    for a batch (generation-bound), from its metrics.jsonl."""
+    from bench.e2e_runs import read_jsonl
+
+    rows = read_jsonl(run_path / "metrics.jsonl")
+    if not rows:
+        return {}
+    return {"learner_compute_s": statistics.fmean(r.get("step_seconds", 0.0) for r in rows),
+            "learner_wait_s": statistics.fmean(r.get("wait_seconds", 0.0) for r in rows)}
+
+
 def summarise(results: dict) -> dict:
     """Per arm over seeds: final accuracy, seconds, samples; our arms at TRL's final wall-clock (paired per
     problem with TRL's final, pooled over seeds) and the time to reach TRL's final accuracy."""
@@ -266,6 +291,9 @@ def summarise(results: dict) -> dict:
                "samples": statistics.fmean(r["curve"][-1]["samples"] for r in runs),
                "s_per_step": statistics.fmean(r["s_per_step"] for r in runs),
                "startup_s": statistics.fmean(r.get("startup_s", r.get("learner_start_s", 0.0)) for r in runs)}
+        for key in ("learner_compute_s", "learner_wait_s"):
+            if all(key in r for r in runs):
+                row[key] = statistics.fmean(r[key] for r in runs)
         gains_a, gains_b = [], []
         for r in runs:
             gains_a += r["last_per_problem"]
@@ -318,6 +346,10 @@ def write_report(doc: dict, out: Path) -> None:
         lines.append(f"| {LABELS[arm]} | {r['seeds']} | {r['start_accuracy']:.3f} -> {r['final_accuracy']:.3f} | "
                      f"{r['gain']:+.3f} (+-{r['gain_ci95']:.3f}) | {r['wall_s']:.0f} | {r['s_per_step']:.1f} | "
                      f"{r['samples']:.0f} | {r['startup_s']:.0f} | {vs} | {reach} |")
+    split = [f"{LABELS[a]}: learner {s[a]['learner_compute_s']:.1f} s computing + {s[a]['learner_wait_s']:.1f} s "
+             "waiting for a batch per step" for a in OURS if a in s and "learner_compute_s" in s[a]]
+    if split:
+        lines += ["", "Where this project's time went: " + "; ".join(split) + "."]
     lines += ["", "Intervals are normal 95% intervals over problems x seeds (paired per problem); "
               "with few seeds they leave out the seed-to-seed spread of training itself.", ""]
     if doc.get("why_not_vllm"):
@@ -369,7 +401,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     p.add_argument("--trl-engine", default="auto", choices=("auto", "vllm", "transformers"))
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--reuse-trl", metavar="DIR", help="take the TRL arm from an earlier run's trl-vllm-s<seed> or "
+                   "trl-transformers-s<seed> folder in DIR (its result.json and weights) instead of running it again")
+    p.add_argument("--report", metavar="JSON", help="only redraw the table and plot from a peer_trl.json")
+    p.add_argument("--work", help="the work directory (runs, weights; default: a new one in .cache/, kept for "
+                                  "--reuse-trl and --report); with --report: the run's, for its learners' time split")
     a, overrides = p.parse_known_args(argv)  # the rest: config overrides for every arm and the evaluation
+    if a.report:
+        doc = json.loads(Path(a.report).read_text())
+        if a.work:
+            for seed, runs in doc["runs"].items():
+                for arm, run in runs.items():
+                    if arm != "trl-grpo":
+                        run.update(time_split(Path(a.work) / f"{arm}-s{seed}"))
+        doc["summary"] = summarise(doc["runs"])
+        write_report(doc, Path(a.out))
+        print((Path(a.out) / "peer_trl.md").read_text())
+        return 0
     steps = a.steps or (2 if a.smoke else 10 if a.quick else 30)
     every = a.every or max(1, steps // 3)
     from pipeline.config import load_config
@@ -378,7 +426,11 @@ def main(argv: list[str] | None = None) -> int:
     extra = ["--reward.fn", "bench.peer_trl:reward"] + (["--eval.num_problems", "4", "--eval.k", "2"] if a.smoke
                                                          else []) + overrides
     cfg = load_config(ROOT / CONFIG, extra)
-    work = Path(tempfile.mkdtemp(prefix="peer-trl-", dir=ROOT / ".cache" if (ROOT / ".cache").is_dir() else None))
+    if a.work:
+        work = Path(a.work)
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        work = Path(tempfile.mkdtemp(prefix="peer-trl-", dir=ROOT / ".cache" if (ROOT / ".cache").is_dir() else None))
     results: dict = {}
     why_not_vllm: list[str] = []
     trl_engine = "none"
@@ -386,7 +438,10 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict = {}
         for arm in a.arms:
             print(f"== seed {seed}: {arm}", flush=True)
-            if arm == "trl-grpo":
+            if arm == "trl-grpo" and a.reuse_trl:
+                run = reuse_trl(Path(a.reuse_trl), seed, steps)
+                trl_engine = run.get("engine", trl_engine)
+            elif arm == "trl-grpo":
                 run = trl_arm(CONFIG, seed, steps, every, work, 7200, a.trl_engine, extra)
                 why_not_vllm = why_not_vllm or run.get("why_not_vllm", [])
                 trl_engine = run.get("engine", trl_engine)
@@ -403,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
                 run["last_per_problem"] = evals[arm]["last_per_problem"]
                 run["first_per_problem"] = evals[arm]["evals"][0]["per_problem"]
             run.pop("tail", None)
+            if arm != "trl-grpo":
+                run.update(time_split(work / f"{arm}-s{seed}"))
         results[str(seed)] = runs
     doc = {"model": "SmolLM2-135M-Instruct", "machine": "2 CPU cores", "config": CONFIG, "steps": steps,
            "every": every, "seeds": a.seeds, "batch_prompts": cfg.learner.batch_prompts,

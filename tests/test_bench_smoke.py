@@ -244,13 +244,14 @@ def test_pipeline_bench_smoke(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_peer_trl_bench_smoke(tmp_path, realistic_model_dir):
+def test_peer_trl_bench_smoke(tmp_path, tiny_model_dir):
     """bench.peer_trl for real, small: TRL's GRPOTrainer (transformers generation, the fallback: the vLLM one is
-    the full bench's) and this project's GRPO, two steps each on the realistic test model (a chat model with the
-    same boxed-answer task), evaluated by one vLLM engine, reported with its table and plot."""
+    the full bench's) and this project's GRPO, two steps each on the tiny model, evaluated by one vLLM engine,
+    reported with its table and plot."""
     _bench("bench.peer_trl", "--smoke", "--seeds", "0", "--arms", "trl-grpo", "grpo", "--trl-engine", "transformers",
-           "--out", str(tmp_path), "--model.path", str(realistic_model_dir), "--data.arithmetic_levels", "[2]",
-           "--producers.engine.max_model_len", "1024", "--sampling.max_new_tokens", "16", timeout_s=1200)
+           "--out", str(tmp_path), "--work", str(tmp_path / "work"), "--model.path", "tiny",
+           "--producers.engine.max_model_len", "64",
+           "--sampling.max_new_tokens", "8", timeout_s=1200)
     data = json.loads((tmp_path / "peer_trl.json").read_text())
     runs = data["runs"]["0"]
     assert runs["trl-grpo"]["steps"] == 2 and runs["grpo"]["steps"] == 2
