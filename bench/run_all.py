@@ -26,6 +26,8 @@ BENCHES = [
     ("throughput", ["-m", "bench.throughput"], 1500),
     ("table 2 in the cost model", ["-m", "bench.table2"], 900),
     ("end to end, short", ["-m", "bench.e2e", "--quick"], 3600),
+    # last: the README's result tables from the results just written (tests/test_readme.py fails on drift)
+    ("README result tables", ["-m", "bench.readme_results", "--write"], 60),
 ]
 
 

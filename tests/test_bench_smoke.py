@@ -57,6 +57,7 @@ SMOKE = {
     "reference_trace": TABLE2,
     "run_all": f"{HERE}::test_run_all_goes_on_after_failures_and_reports_them_all",
     "sampling": SAMPLING,
+    "readme_results": "tests/test_readme.py::test_result_tables_are_generated_from_bench_results",
     "sampling_sim": SAMPLING,
     "soak": "tests/test_soak.py::test_soak_memory_flat_and_nothing_lost",
     "table2": TABLE2,

@@ -33,3 +33,11 @@ def test_configuration_reference_is_generated_from_the_schema():
 def test_readme_opens_with_the_two_commands():
     head = README[:1500]
     assert "make run" in head and "make test" in head
+
+
+def test_result_tables_are_generated_from_bench_results():
+    from bench.readme_results import drift
+
+    stale = drift(README, Path(__file__).parents[1] / "bench" / "results")
+    assert not stale, (f"README.md's result tables {stale} differ from bench/results/*.json; regenerate them with "
+                       "`python -m bench.readme_results --write`")

@@ -1,0 +1,135 @@
+"""The README's result tables, rendered from bench/results/*.json, so a quoted number cannot drift from its result.
+
+    python -m bench.readme_results [--write] [--readme README.md] [--results bench/results]
+
+Each table sits in the README between `<!-- results:NAME -->` and `<!-- /results:NAME -->`; NAME is a key of
+TABLES, whose function renders it from the JSON a bench wrote. Without --write the command exits 1 and names the
+tables that differ (tests/test_readme.py fails the same way); with --write it rewrites them in place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RULES = {"fixed": "GRPO", "pos": "Ada-pos", "balance": "Ada-balance"}
+
+
+def _load(results: Path, name: str) -> dict:
+    return json.loads((results / name).read_text())
+
+
+def table2_reference(results: Path) -> str:
+    """Table 2 in the cost model: model seconds per step and ratios against the paper's (bench.table2)."""
+    d = _load(results, "table2.json")
+    ref, paper = d["reference"], d["paper_seconds"]
+    grpo_model, grpo_paper = ref["fixed"]["time_per_step"], paper["fixed"]
+    rows = ["| strategy | model s/step | paper s/step | model x GRPO | paper x GRPO |", "|---|---:|---:|---:|---:|"]
+    for rule in ("fixed", "pos", "balance"):
+        model_s = ref[rule]["time_per_step"]
+        if rule == "fixed":
+            rows.append(f"| {RULES[rule]} | {model_s:.1f} | {paper[rule]:.0f} | 1.00 | 1.00 |")
+            continue
+        mr, pr = model_s / grpo_model, paper[rule] / grpo_paper
+        rows.append(f"| {RULES[rule]} | {model_s:.1f} | {paper[rule]:.0f} | **{mr:.2f}** | {pr:.2f} "
+                    f"({(mr / pr - 1) * 100:+.0f}%) |")
+    return "\n".join(rows)
+
+
+def table2_streaming(results: Path) -> str:
+    """Streaming setups in the cost model against GRPO at its best: the cheapest of GRPO with keep and drop on
+    every split, per useful group (bench.table2's `streaming` rows)."""
+    rows_in = _load(results, "table2.json")["streaming"]
+    best = min((r for r in rows_in if r["rule"] == "fixed"), key=lambda r: r["s_per_useful"])["s_per_useful"]
+    by = {(r["split"], r["rule"], r["unresolved"]): r for r in rows_in}
+    rows = ["| split | strategy | `keep`: s/step | `keep`: x best GRPO | `drop`: s/step | `drop`: x best GRPO |",
+            "|---|---|---:|---:|---:|---:|"]
+    for split in dict.fromkeys(r["split"] for r in rows_in):
+        for rule in ("fixed", "pos", "balance"):
+            cells = []
+            for unresolved in ("keep", "drop"):
+                r = by[(split, rule, unresolved)]
+                x = r["s_per_useful"] / best
+                cells += [f"{r['time_per_step']:.1f}", f"**{x:.2f}**" if abs(x - 1) < 1e-9 else f"{x:.2f}"]
+            rows.append(f"| {split} | {RULES[rule]} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def pipeline_vs_reference(results: Path) -> str:
+    """Steps per second against the round-synchronous reference, median (min-max) over repeats (bench.pipeline)."""
+    d = _load(results, "pipeline.json")
+    names = {"scripted": "scripted engine", "vllm": "vLLM on the tiny model"}
+    rows = ["| engine | reference s/step | max_staleness 0 | 1 | 2 |", "|---|---:|---:|---:|---:|"]
+    for engine, e in d["engines"].items():
+        a = e["arms"]
+        keys = sorted((k for k in a if k != "reference"), key=int)  # the max_staleness of each streaming arm
+        cells = [f"{a[k]['x_reference']['median']:.2f} ({a[k]['x_reference']['min']:.2f}-"
+                 f"{a[k]['x_reference']['max']:.2f})" for k in keys]
+        rows.append(f"| {names.get(engine, engine)}, {e['repeats']} repeats | "
+                    f"{a['reference']['s_per_step']['median']:.3f} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+TABLES: dict[str, Callable[[Path], str]] = {
+    "table2": table2_reference,
+    "table2-streaming": table2_streaming,
+    "pipeline": pipeline_vs_reference,
+}
+
+
+def _pattern(name: str) -> re.Pattern:
+    return re.compile(rf"(<!-- results:{re.escape(name)} -->\n)(.*?)(\n<!-- /results:{re.escape(name)} -->)", re.S)
+
+
+def drift(text: str, results: Path) -> list[str]:
+    """The names of the tables whose README text differs from what their results render (or that are missing)."""
+    out = []
+    for name, render in TABLES.items():
+        m = _pattern(name).search(text)
+        if m is None or m.group(2) != render(results):
+            out.append(name)
+    return out
+
+
+def rewrite(text: str, results: Path) -> str:
+    for name, render in TABLES.items():
+        pat = _pattern(name)
+        if pat.search(text) is None:
+            raise SystemExit(f"README has no <!-- results:{name} --> ... <!-- /results:{name} --> block")
+        m = pat.search(text)
+        text = text[:m.start(2)] + render(results) + text[m.end(2):]
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.readme_results", description=__doc__.split("\n\n")[0])
+    p.add_argument("--write", action="store_true", help="rewrite the tables in the README")
+    p.add_argument("--readme", default=str(ROOT / "README.md"))
+    p.add_argument("--results", default=str(ROOT / "bench" / "results"))
+    a = p.parse_args(argv)
+    path, results = Path(a.readme), Path(a.results)
+    text = path.read_text()
+    if a.write:
+        new = rewrite(text, results)
+        if new != text:
+            path.write_text(new)
+        print(f"{path}: result tables {'rewritten' if new != text else 'already current'}")
+        return 0
+    stale = drift(text, results)
+    if stale:
+        print(f"{path}: tables differ from {results}: {', '.join(stale)}; run `python -m bench.readme_results "
+              "--write`", file=sys.stderr)
+        return 1
+    print(f"{path}: every result table matches {results}")
+    return 0
+
+
+if __name__ == "__main__":
+    from bench import guard
+
+    guard.main(main)
