@@ -104,8 +104,9 @@ def goals_section(data: dict) -> str:
             ]
             oracle = data["populations"][phase].get("oracle")
             if oracle:
-                checks.insert(1, ("bound: an oracle's samples per useful group (every pass rate known, one sample "
-                                  "at a time, nothing deferred) x GRPO's", oracle[f"{rule}_vs_grpo"], None))
+                checks.insert(1, ("an oracle's samples per useful group, a point for comparison, not a bound (every "
+                                  "pass rate known and fixed, one sample at a time, nothing deferred) x GRPO's",
+                                  oracle[f"{rule}_vs_grpo"], None))
             for label, value, limit in checks:
                 met = "-" if limit is None or value is None else ("yes" if value <= limit else "**no**")
                 rows.append((phase, label, _fmt(value, "{:.3f}"), met))

@@ -31,9 +31,11 @@ STRATEGY_ROWS = (
     Strategy("grpo", "GRPO", ("--sampling.exit_rule", "fixed", "--buffer.unresolved", "keep"),
              "fixed + keep: one round of n = 4, zero-variance groups trained (advantage 0)", 0.5),
     Strategy("ada-pos", "Ada-pos", ("--sampling.exit_rule", "pos", "--buffer.unresolved", "drop"),
-             "pos + drop: rounds of M = 8 until one positive (N = 4 rounds at most), no-signal pools dropped", 0.9),
+             "pos + drop: rounds of M = 8, the exit rule checked after each sample in arrival order "
+             "(exit_check prefix) until one positive (N = 4 rounds at most), no-signal pools dropped", 0.9),
     Strategy("ada-balance", "Ada-balance", ("--sampling.exit_rule", "balance", "--buffer.unresolved", "drop"),
-             "balance + drop: rounds of M = 8 until 2 positives and 2 negatives, no-signal pools dropped", 1.1),
+             "balance + drop: rounds of M = 8, the exit rule checked after each sample in arrival order (exit_check "
+             "prefix) until 2 positives and 2 negatives, no-signal pools dropped", 1.1),
     Strategy("ada-balance-mincost", "Ada-balance + min_cost",
              ("--sampling.exit_rule", "balance", "--buffer.unresolved", "drop", "--sampling.allocation", "min_cost"),
              "balance + drop with the min_cost allocation: each round sized from the prompt's pass-rate posterior, "
