@@ -27,8 +27,8 @@ from pipeline.auth import create_token, learner_token_path
 from pipeline.config import Config, ConfigError, dumps_toml, key_path
 from pipeline.config.schema import DataConfig, EndpointsConfig, LearnerConfig, RunConfig
 from pipeline.export import latest_checkpoint
-from pipeline.models import resolve_model_path
-from pipeline.pretrained import SMOLLM2, is_gguf
+from pipeline.models import TINY_DIR, resolve_model_path
+from pipeline.pretrained import CACHE, SMOLLM2, is_gguf
 from pipeline.supervisor.procs import Child, write_commands
 from pipeline.transport import free_port_pair
 
@@ -163,7 +163,11 @@ def plan_run(cfg: Config, resume: bool = False) -> RunPlan:
     run_dir.chmod(0o700)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     link_latest(run_dir)
-    if cfg.model.path == "tiny":
+    # the "once" message only when it is that once (a .gguf file's folder is known only after hashing the file)
+    built = {"tiny": TINY_DIR, SMOLLM2: CACHE / SMOLLM2}.get(cfg.model.path)
+    if built is not None and (built / "config.json").is_file():
+        pass
+    elif cfg.model.path == "tiny":
         print("preparing the tiny model (built once into .cache/tiny-model, about a minute)...", flush=True)
     elif cfg.model.path == SMOLLM2 or is_gguf(cfg.model.path):
         print(f"preparing {cfg.model.path} (converted once into .cache/, about a minute)...", flush=True)
