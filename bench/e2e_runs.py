@@ -95,8 +95,8 @@ def run_training(run_dir: Path, name: str, strategy: Strategy, setting_overrides
 
 
 def learner_started(log: Path, first_step: float) -> float | None:
-    """When the learner process first started, from its log's `==== HH:MM:SS start:` line (the supervisor writes it
-    at each start), on the day of `first_step` (epoch seconds); None without such a line."""
+    """When the learner (or any child) process first started, from its log's `==== HH:MM:SS start:` line (the
+    supervisor writes it at each start), on the day of `first_step` (epoch seconds); None without such a line."""
     if not log.is_file():
         return None
     marks = re.findall(r"^==== (\d\d):(\d\d):(\d\d) start:", log.read_text(errors="replace"), re.M)
@@ -106,6 +106,12 @@ def learner_started(log: Path, first_step: float) -> float | None:
     day = datetime.datetime.fromtimestamp(first_step)
     start = day.replace(hour=h, minute=m, second=s, microsecond=0).timestamp()
     return start if start <= first_step else start - 86400  # the run crossed midnight
+
+
+def run_started(logs: Path, first_step: float) -> float | None:
+    """When `train` started its first child (the buffer), from the earliest start line of the run's logs."""
+    starts = [t for log in sorted(logs.glob("*.log")) if (t := learner_started(log, first_step)) is not None]
+    return min(starts) if starts else None
 
 
 def summarise_run(run_path: Path) -> dict:
@@ -131,6 +137,8 @@ def summarise_run(run_path: Path) -> dict:
         "wall_s": wall,
         "s_per_step": (last["time"] - loop_start) / steps,  # steady state: the learner's start-up left out
         "learner_start_s": loop_start - start,
+        # the whole start-up: buffer, engines (compilation, profiling run) and the learner's model, to its first step
+        "run_start_s": loop_start - (run_started(run_path / "logs", first["time"]) or start),
         "mixed": statistics.fmean(r["mixed_frac"] for r in rows),
         "zero_adv": statistics.fmean(r["zero_adv_frac"] for r in rows),
         "train_reward": statistics.fmean(r["reward_mean"] for r in rows),

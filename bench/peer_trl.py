@@ -10,7 +10,8 @@ Arms (each a separate process, one after the other, the machine otherwise idle):
 Same for all: SmolLM2-135M-Instruct (`model.path = "smollm2-135m"`), configs/smollm2-135m.toml's training prompts
 (rendered once with the chat template: TRL gets the very same prompt strings), the very same reward function
 object (`reward` below, in TRL's batched form, which `reward.fn` accepts as it is), group size n, max new
-tokens, temperature, learning rate with its warm-up, AdamW, gradient clipping, no KL term, clip range
+tokens, temperature, learning rate with its warm-up and AdamW (the learner's own optimizer and schedule, handed
+to TRL's Trainer: `our_optimizer`), gradient clipping, no KL term, clip range
 [1 - 0.2, 1 + 0.28], token-level loss, advantages r - mean (no std scaling), B prompts per optimizer step, and
 the same number of learner steps.
 
@@ -70,6 +71,20 @@ def trl_settings(cfg) -> dict:
         epsilon=lc.clip_low, epsilon_high=lc.clip_high, loss_type="dapo", scale_rewards="none",
         mask_truncated_completions=False, shuffle_dataset=True,
     )
+
+
+def our_optimizer(model, cfg) -> tuple:
+    """The learner's very AdamW and lr schedule (pipeline/consumer/backends), handed to TRL's Trainer. Its own
+    would differ twice: `constant_with_warmup` runs step s at lr * s / warmup (the first step at lr 0, where ours
+    runs it at lr * 1 / warmup), and it exempts biases and norm weights from weight decay (ours decays all)."""
+    import torch
+
+    from pipeline.consumer.backends.common import BETAS, EPS, lr_lambda
+
+    lc = cfg.learner
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lc.lr, betas=BETAS, eps=EPS, weight_decay=lc.weight_decay)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(lc.warmup_steps))
 
 
 def patch_trl_colocate_sync() -> None:
@@ -150,14 +165,15 @@ def run_trl(config: str, seed: int, steps: int, every: int, out_dir: Path, use_v
                 clock["t0"] += time.monotonic() - t
 
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[Snapshots()])
+                          processing_class=tokenizer, callbacks=[Snapshots()], optimizers=our_optimizer(model, cfg))
     trainer.train()
     rewards = [r.get("reward") for r in trainer.state.log_history if "reward" in r]
     return {"steps": trainer.state.global_step, "at": at, "weights": {str(k): v for k, v in weights.items()},
             "samples": at[max(at, key=int)][0], "wall_s": at[max(at, key=int)][1], "startup_s": clock["startup_s"],
             "s_per_step": at[max(at, key=int)][1] / max(1, trainer.state.global_step),
             "train_reward": statistics.fmean(rewards) if rewards else None,
-            "engine": "vllm colocate" if use_vllm else "transformers generate"}
+            "engine": "vllm colocate" if use_vllm else "transformers generate",
+            "optimizer": "the learner's AdamW and lr schedule (our_optimizer)"}
 
 
 def trl_main(argv: list[str]) -> int:
@@ -277,6 +293,13 @@ def time_split(run_path: Path) -> dict:
             "learner_wait_s": statistics.fmean(r.get("wait_seconds", 0.0) for r in rows)}
 
 
+def startup(run: dict) -> float:
+    """Seconds before an arm's clock starts: TRL's process start to `on_train_begin` (model, vLLM engine); this
+    project's `train` start to the learner's first step (buffer, engine, learner model). Results written before
+    `run_start_s` was recorded hold only the learner's model load (`learner_start_s`)."""
+    return run.get("startup_s", run.get("run_start_s", run.get("learner_start_s", 0.0)))
+
+
 def summarise(results: dict) -> dict:
     """Per arm over seeds: final accuracy, seconds, samples; our arms at TRL's final wall-clock (paired per
     problem with TRL's final, pooled over seeds) and the time to reach TRL's final accuracy."""
@@ -290,7 +313,9 @@ def summarise(results: dict) -> dict:
                "wall_s": statistics.fmean(r["curve"][-1]["seconds"] for r in runs),
                "samples": statistics.fmean(r["curve"][-1]["samples"] for r in runs),
                "s_per_step": statistics.fmean(r["s_per_step"] for r in runs),
-               "startup_s": statistics.fmean(r.get("startup_s", r.get("learner_start_s", 0.0)) for r in runs)}
+               "startup_s": statistics.fmean(startup(r) for r in runs),
+               "seed_gains": [r["final_accuracy"] - r["curve"][0]["accuracy"] for r in runs],
+               "startup_whole": all("learner_start_s" not in r or "run_start_s" in r for r in runs)}
         for key in ("learner_compute_s", "learner_wait_s"):
             if all(key in r for r in runs):
                 row[key] = statistics.fmean(r[key] for r in runs)
@@ -331,12 +356,12 @@ def write_report(doc: dict, out: Path) -> None:
              f"`{doc['command']}`: {doc['steps']} learner steps of {doc['batch_prompts']} prompts x n = "
              f"{doc['group_size']} per arm, seeds {doc['seeds']}, held-out Ave@{doc['k']} on {doc['problems']} "
              f"problems; TRL generated with {doc['trl_engine']}.", "",
-             "| arm | seeds | Ave@k start -> end | gain (95% CI) | train s | s/step | samples | start-up s | "
-             "vs TRL at TRL's time (95% CI) | time to TRL's final / TRL's time |",
-             "|---|---:|---|---|---:|---:|---:|---:|---|---|"]
+             "| arm | seeds | Ave@k start -> end | gain (95% CI) | gain by seed | train s | s/step | samples | "
+             "start-up s | vs TRL at TRL's time (95% CI) | time to TRL's final / TRL's time |",
+             "|---|---:|---|---|---|---:|---:|---:|---:|---|---|"]
     for arm in ARMS:
         if arm not in s:
-            lines.append(f"| {LABELS[arm]} | 0 | failed | | | | | | | |")
+            lines.append(f"| {LABELS[arm]} | 0 | failed | | | | | | | | |")
             continue
         r = s[arm]
         vs = (f"{r['vs_trl_at_trl_seconds']:+.3f} ({r['vs_trl_at_trl_seconds'] - r['vs_trl_ci95']:+.3f}, "
@@ -344,14 +369,29 @@ def write_report(doc: dict, out: Path) -> None:
         reach = ", ".join("not reached" if x is None else f"{x:.2f}" for x in r.get("time_to_trl_final_over_trl_time",
                                                                                   []))
         lines.append(f"| {LABELS[arm]} | {r['seeds']} | {r['start_accuracy']:.3f} -> {r['final_accuracy']:.3f} | "
-                     f"{r['gain']:+.3f} (+-{r['gain_ci95']:.3f}) | {r['wall_s']:.0f} | {r['s_per_step']:.1f} | "
-                     f"{r['samples']:.0f} | {r['startup_s']:.0f} | {vs} | {reach} |")
+                     f"{r['gain']:+.3f} (+-{r['gain_ci95']:.3f}) | "
+                     f"{', '.join(f'{g:+.3f}' for g in r.get('seed_gains', []))} | {r['wall_s']:.0f} | "
+                     f"{r['s_per_step']:.1f} | "
+                     f"{r['samples']:.0f} | {r['startup_s']:.0f}{'' if r.get('startup_whole', True) else '*'} | "
+                     f"{vs} | {reach} |")
     split = [f"{LABELS[a]}: learner {s[a]['learner_compute_s']:.1f} s computing + {s[a]['learner_wait_s']:.1f} s "
              "waiting for a batch per step" for a in OURS if a in s and "learner_compute_s" in s[a]]
     if split:
         lines += ["", "Where this project's time went: " + "; ".join(split) + "."]
+    lines += ["", f"vs TRL at TRL's time: the arm's last evaluated version (every {doc['every']} steps) at or before "
+              "TRL's final second, paired per problem with TRL's final version; an arm slower per step is compared "
+              "with an earlier version than its last."]
+    trl_runs = [r for runs in doc["runs"].values() for arm, r in runs.items() if arm == "trl-grpo" and r.get("steps")]
+    if any("optimizer" not in r for r in trl_runs):
+        lines += ["", "TRL ran with its own AdamW and `constant_with_warmup` schedule in this run (first step at lr 0, "
+                  "no weight decay on biases and norms); later runs hand it the learner's (`our_optimizer`)."]
+    partial = any(not s[a].get("startup_whole", True) for a in s)
+    lines += ["", "Start-up (outside the clocks): TRL from its process start to its first step (model load, vLLM "
+              "engine start); this project from `train`'s start to the learner's first step (buffer, vLLM engine "
+              "start, learner model load)" + ("; * only the learner's model load was recorded in this run (the engine "
+                                             "had started before it, untimed)" if partial else "") + "."]
     lines += ["", "Intervals are normal 95% intervals over problems x seeds (paired per problem); "
-              "with few seeds they leave out the seed-to-seed spread of training itself.", ""]
+              "they leave out the seed-to-seed spread of training itself, which the gains by seed show.", ""]
     if doc.get("why_not_vllm"):
         lines += ["TRL with vLLM colocate did not run here:", ""] + [f"- {w}" for w in doc["why_not_vllm"]] + [""]
     (out / "peer_trl.md").write_text("\n".join(lines))
