@@ -348,15 +348,10 @@ def summarise(results: dict) -> dict:
     return out
 
 
-def write_report(doc: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "peer_trl.json").write_text(json.dumps(doc, indent=1) + "\n")
+def table(doc: dict) -> list[str]:
+    """The per-arm table of a peer_trl.json (the report's, and the README's through bench.readme_results)."""
     s = doc["summary"]
-    lines = [f"# Side by side with TRL GRPOTrainer ({doc['model']}, {doc['machine']})", "",
-             f"`{doc['command']}`: {doc['steps']} learner steps of {doc['batch_prompts']} prompts x n = "
-             f"{doc['group_size']} per arm, seeds {doc['seeds']}, held-out Ave@{doc['k']} on {doc['problems']} "
-             f"problems; TRL generated with {doc['trl_engine']}.", "",
-             "| arm | seeds | Ave@k start -> end | gain (95% CI) | gain by seed | train s | s/step | samples | "
+    lines = ["| arm | seeds | Ave@k start -> end | gain (95% CI) | gain by seed | train s | s/step | samples | "
              "start-up s | vs TRL at TRL's time (95% CI) | time to TRL's final / TRL's time |",
              "|---|---:|---|---|---|---:|---:|---:|---:|---|---|"]
     for arm in ARMS:
@@ -374,6 +369,17 @@ def write_report(doc: dict, out: Path) -> None:
                      f"{r['s_per_step']:.1f} | "
                      f"{r['samples']:.0f} | {r['startup_s']:.0f}{'' if r.get('startup_whole', True) else '*'} | "
                      f"{vs} | {reach} |")
+    return lines
+
+
+def write_report(doc: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "peer_trl.json").write_text(json.dumps(doc, indent=1) + "\n")
+    s = doc["summary"]
+    lines = [f"# Side by side with TRL GRPOTrainer ({doc['model']}, {doc['machine']})", "",
+             f"`{doc['command']}`: {doc['steps']} learner steps of {doc['batch_prompts']} prompts x n = "
+             f"{doc['group_size']} per arm, seeds {doc['seeds']}, held-out Ave@{doc['k']} on {doc['problems']} "
+             f"problems; TRL generated with {doc['trl_engine']}.", "", *table(doc)]
     split = [f"{LABELS[a]}: learner {s[a]['learner_compute_s']:.1f} s computing + {s[a]['learner_wait_s']:.1f} s "
              "waiting for a batch per step" for a in OURS if a in s and "learner_compute_s" in s[a]]
     if split:

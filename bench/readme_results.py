@@ -75,7 +75,15 @@ def pipeline_vs_reference(results: Path) -> str:
     return "\n".join(rows)
 
 
+def peer_trl(results: Path) -> str:
+    """This project's arms beside TRL's GRPOTrainer on SmolLM2-135M-Instruct (bench.peer_trl)."""
+    from bench.peer_trl import table
+
+    return "\n".join(table(_load(results, "peer_trl.json")))
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
+    "peer-trl": peer_trl,
     "table2": table2_reference,
     "table2-streaming": table2_streaming,
     "pipeline": pipeline_vs_reference,
