@@ -37,6 +37,7 @@ from bench.allocation_report import goals, render
 from bench.population import pass_rates
 from bench.sampling_sim import SimConfig, Strategy, _Sim
 from pipeline.buffer.allocation import MAX_DEFERRALS
+from pipeline.buffer.exit_rules import make_exit_rule
 from pipeline.buffer.posterior import outlook
 
 DATASET_BATCHES = 4  # the data set is this many batches: a prompt comes back every ~4 steps
@@ -153,7 +154,7 @@ def oracle_point(p: np.ndarray, budget: int = 32, n: int = 4) -> dict[str, float
     for rule in ("balance", "pos"):
         samples = useful = 0.0
         for x in p:
-            look = outlook(1e6 * x + 1e-3, 1e6 * (1 - x) + 1e-3, 0, 0, budget, rule, n)
+            look = outlook(1e6 * x + 1e-3, 1e6 * (1 - x) + 1e-3, 0, 0, budget, make_exit_rule(rule), n)
             samples += sum(j * q for j, q in enumerate(look.exit_at)) + budget * look.unresolved
             useful += look.useful
         out[f"{rule}_samples_per_useful"] = samples / useful

@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.buffer import Scheduler
 from pipeline.buffer.allocation import ALLOCATIONS, MAX_DEFERRALS, Est, MinCost, Prior, make_allocation
-from pipeline.buffer.exit_rules import make_exit_rule
+from pipeline.buffer.exit_rules import Balance, make_exit_rule
 from pipeline.buffer.posterior import outlook
 from pipeline.buffer.state import History, PromptState
 from pipeline.config import BufferConfig, SamplingConfig
@@ -34,16 +34,17 @@ def test_registry_matches_the_config_choices():
 
 
 def test_outlook_is_a_distribution_and_matches_a_known_pass_rate():
-    look = outlook(1e5, 1e5, 0, 0, 32, "balance", 4)  # p = 0.5 for sure: exit at 4 needs 2 + 2 of 4
+    look = outlook(1e5, 1e5, 0, 0, 32, Balance(), 4)  # p = 0.5 for sure: exit at 4 needs 2 + 2 of 4
     assert look.exit_at[4] == pytest.approx(6 / 16, abs=1e-3)
     assert sum(look.exit_at) + look.unresolved == pytest.approx(1.0)
     assert look.exit_by(3) == 0.0 and look.overshoot(4) == 0.0 and look.overshoot(5) == pytest.approx(6 / 16, 1e-3)
-    hard = outlook(0.1, 40, 0, 0, 32, "balance", 4)
+    hard = outlook(0.1, 40, 0, 0, 32, Balance(), 4)
     assert hard.unresolved > 0.9 and hard.useful < 0.1
-    pos = outlook(1, 1, 0, 3, 5, "pos", 4)  # 3 negatives: the first positive exits and the pool has a signal
+    # 3 negatives: the first positive exits and the pool has a signal
+    pos = outlook(1, 1, 0, 3, 5, make_exit_rule("pos"), 4)
     assert pos.useful == pytest.approx(1 - pos.unresolved)
     with pytest.raises(ValueError, match="Beta"):
-        outlook(0, 1, 0, 0, 4, "pos", 4)
+        outlook(0, 1, 0, 0, 4, make_exit_rule("pos"), 4)
 
 
 def test_est_asks_for_what_the_rule_needs_over_the_estimated_rate():

@@ -6,16 +6,27 @@ import numpy as np
 import pytest
 
 from pipeline.buffer import Scheduler, group_advantages, pool_advantages
-from pipeline.buffer.exit_rules import EXIT_RULES, RULES, Balance, ExitRule, Fixed, Pos, exit_reached, make_exit_rule
+from pipeline.buffer.exit_rules import (
+    EXIT_RULES,
+    RULES,
+    Balance,
+    ExitRule,
+    Fixed,
+    Mixed,
+    Pos,
+    exit_reached,
+    make_exit_rule,
+)
 from pipeline.config import BufferConfig, SamplingConfig
 from pipeline.protocol import Sample
 
 
 def test_registry_names_every_rule_and_make_picks_by_name():
-    assert EXIT_RULES == ("balance", "pos", "fixed")
-    assert {name: type(make_exit_rule(name)) for name in EXIT_RULES} == {"balance": Balance, "pos": Pos, "fixed": Fixed}
+    assert EXIT_RULES == ("balance", "pos", "mixed", "fixed")
+    assert {name: type(make_exit_rule(name)) for name in EXIT_RULES} == {"balance": Balance, "pos": Pos,
+                                                                           "mixed": Mixed, "fixed": Fixed}
     assert all(issubclass(cls, ExitRule) and cls.name == name for name, cls in RULES.items())
-    with pytest.raises(ValueError, match="balance, pos, fixed"):
+    with pytest.raises(ValueError, match="balance, pos, mixed, fixed"):
         make_exit_rule("both")
 
 
@@ -62,3 +73,59 @@ def test_a_new_rule_is_a_class_and_a_registry_entry(monkeypatch):
     group = s.submit_result("p", b.round_id, np.zeros(1, np.int32), samples, 0.0).group
     assert group is not None and group.resolved and sum(x.reward for x in group.samples) == 2
     s.check_invariants()
+
+
+def test_the_config_offers_exactly_the_registered_rules():
+    from pipeline.config.base import fields, literal_choices
+
+    assert set(literal_choices(fields(SamplingConfig)["exit_rule"].type)) == set(EXIT_RULES)
+
+
+@pytest.mark.parametrize("pos,neg", [(a, b) for a in range(4) for b in range(4)])
+def test_mixed_needs_one_of_each_class(pos, neg):
+    rule = Mixed()
+    assert rule.reached(pos, neg, 4) == (pos >= 1 and neg >= 1)
+    more_pos, more_neg = rule.needed(pos, neg, 4)
+    assert rule.reached(pos + more_pos, neg + more_neg, 4)
+    assert more_pos == 0 or not rule.reached(pos + more_pos - 1, neg + more_neg, 4)
+
+
+def test_mixed_releases_a_lopsided_group_balance_would_keep_sampling():
+    """1 positive and 3 negatives: `mixed` releases the group after one round, `balance` (n // 2 each) does not;
+    `pos` would have released an all-positive round too, `mixed` does not."""
+    rounds = {"mixed": [1.0, 0.0, 0.0, 0.0], "balance": [1.0, 0.0, 0.0, 0.0]}
+    for rule, rewards in rounds.items():
+        s = Scheduler(SamplingConfig(round_size=4, group_size=4, exit_rule=rule), BufferConfig(downsample="first"),
+                      1, [("q", "1")], seed=0)
+        (a,) = s.request_work("p", 1, 0.0)
+        samples = [Sample(np.array([i], np.int32), np.zeros(1, np.float32), r, 0, "stop")
+                   for i, r in enumerate(rewards)]
+        group = s.submit_result("p", a.round_id, np.zeros(1, np.int32), samples, 0.0).group
+        assert (group is not None) == (rule == "mixed")
+        if group is not None:
+            assert group.resolved and group.advantages == pytest.approx([0.75, -0.25, -0.25, -0.25])
+        s.check_invariants()
+    s = Scheduler(SamplingConfig(round_size=4, group_size=4, exit_rule="mixed"), BufferConfig(downsample="first"),
+                  1, [("q", "1")], seed=0)
+    (a,) = s.request_work("p", 1, 0.0)
+    samples = [Sample(np.array([i], np.int32), np.zeros(1, np.float32), 1.0, 0, "stop") for i in range(4)]
+    assert s.submit_result("p", a.round_id, np.zeros(1, np.int32), samples, 0.0).group is None  # all right: sample on
+
+
+def test_rules_are_values_and_key_the_posterior_cache():
+    from pipeline.buffer.posterior import outlook
+
+    assert Balance() == Balance() and hash(Balance()) == hash(Balance()) and Balance() != Pos()
+    assert outlook(2.0, 2.0, 0, 0, 16, Mixed(), 4) is outlook(2.0, 2.0, 0, 0, 16, Mixed(), 4)  # cached by value
+    easy, mixed = outlook(2.0, 2.0, 0, 0, 16, Balance(), 4), outlook(2.0, 2.0, 0, 0, 16, Mixed(), 4)
+    assert mixed.exit_by(4) >= easy.exit_by(4)  # one of each comes no later than two of each
+
+
+def test_a_rules_config_errors_are_the_configs_load_errors():
+    from pipeline.config import ConfigError
+
+    with pytest.raises(ConfigError, match="allocation"):
+        SamplingConfig(exit_rule="fixed", allocation="est").check()
+    with pytest.raises(ConfigError, match="round_size"):
+        SamplingConfig(exit_rule="mixed", round_size=1, max_rounds=2, group_size=4).check()
+    SamplingConfig(exit_rule="fixed", round_size=1, max_rounds=1, group_size=4).check()  # its round is n

@@ -103,7 +103,7 @@ class Allocation(ABC):
         """The predicted rest of the visit (a visit not started yet when `st` is None)."""
         a, b = self.posterior(hist, prior)
         pos, neg, drawn = (0, 0, 0) if st is None else (st.num_pos, st.num_neg, len(st.pool))
-        return outlook(a, b, pos, neg, max(0, self.budget - drawn), self.rule.name, self.n)
+        return outlook(a, b, pos, neg, max(0, self.budget - drawn), self.rule, self.n)
 
 
 class Fixed(Allocation):

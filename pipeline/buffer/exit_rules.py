@@ -1,8 +1,9 @@
 """Exit rules: when a prompt stops sampling, how big its rounds are, and which baseline its advantages use.
 
 This is the one place a new rule goes: a subclass of `ExitRule` below, its name in `RULES`, and the same name
-among the choices of `sampling.exit_rule` (pipeline/config/schema.py). The Scheduler asks the rule object and
-never tests a rule's name.
+among the choices of `sampling.exit_rule` (pipeline/config/schema.py; a test holds the two lists equal). Nothing
+outside this file tests a rule's name: the Scheduler, the pools, the allocation policies and their posterior ask
+the rule object, and the config's checks of the sampling section are the rule's `config_errors`.
 
 Invariants:
 - `reached` depends only on the pool's positive and negative counts and n (the Scheduler checks it after every
@@ -28,6 +29,19 @@ class ExitRule(ABC):
 
     name: ClassVar[str]
     whole_rounds: ClassVar[bool] = False  # stale eviction removes whole rounds, never part of one
+
+    def __eq__(self, other: object) -> bool:  # rules are values: equal when of one class with equal settings
+        return type(other) is type(self) and vars(other) == vars(self)
+
+    def __hash__(self) -> int:  # so that a rule can key a cache (posterior.outlook)
+        return hash((type(self), tuple(sorted(vars(self).items()))))
+
+    def config_errors(self, sampling: SamplingConfig) -> list[tuple[str, str]]:
+        """(key, problem) for each sampling setting this rule cannot run with; [] when it can (the config's
+        load-time check, so a bad combination fails before any process starts)."""
+        if self.round_size(sampling) * sampling.max_rounds < sampling.group_size:
+            return [("round_size", f"`round_size` * `max_rounds` must be >= `group_size` ({sampling.group_size})")]
+        return []
 
     def round_size(self, sampling: SamplingConfig) -> int:
         """Samples per round: M (sampling.round_size) unless the rule fixes it."""
@@ -75,6 +89,21 @@ class Pos(ExitRule):
         return max(0, 1 - num_pos), 0
 
 
+class Mixed(ExitRule):
+    """Sample until the pool holds both a right and a wrong answer, whatever their ratio: the condition of DAPO's
+    dynamic sampling (a group with a non-zero advantage), reached adaptively per prompt instead of by
+    over-sampling the batch. Between "pos" (which also exits on all-positive pools) and "balance" (which waits
+    for n // 2 of each)."""
+
+    name = "mixed"
+
+    def reached(self, num_pos: int, num_neg: int, n: int) -> bool:
+        return num_pos >= 1 and num_neg >= 1
+
+    def needed(self, num_pos: int, num_neg: int, n: int) -> tuple[int, int]:
+        return max(0, 1 - num_pos), max(0, 1 - num_neg)
+
+
 class Fixed(ExitRule):
     """GRPO: one round of exactly n samples, advantages from the group's own statistics."""
 
@@ -94,8 +123,13 @@ class Fixed(ExitRule):
         assert len(pool_rewards) == len(kept), "a fixed (GRPO) pool is exactly one round of n"
         return logic.group_advantages([pool_rewards[i] for i in kept], normalize_std)
 
+    def config_errors(self, sampling: SamplingConfig) -> list[tuple[str, str]]:
+        if sampling.allocation != "fixed":
+            return [("allocation", 'must be "fixed" with `exit_rule` = "fixed" (GRPO draws one round of n samples)')]
+        return []
 
-RULES: dict[str, type[ExitRule]] = {rule.name: rule for rule in (Balance, Pos, Fixed)}
+
+RULES: dict[str, type[ExitRule]] = {rule.name: rule for rule in (Balance, Pos, Mixed, Fixed)}
 EXIT_RULES = tuple(RULES)
 
 
@@ -112,6 +146,7 @@ def exit_reached(num_pos: int, num_neg: int, rule: str, n: int) -> bool:
 
     - "balance": at least n // 2 positives and at least n - n // 2 negatives (the paper's Reinforce-Ada-balance);
     - "pos": at least one positive (Reinforce-Ada-pos);
+    - "mixed": at least one positive and one negative;
     - "fixed": GRPO, which exits after its single round of n samples, i.e. once the pool holds n samples.
     """
     return make_exit_rule(rule).reached(num_pos, num_neg, n)

@@ -340,5 +340,5 @@ class Pools:
             assert self.buffer.unresolved == "keep" or logic.has_signal(rewards), "zero-variance pool released"
             st = rel.state
             assert not rel.group.resolved or self.rule.reached(st.num_pos, st.num_neg, n), "resolved, rule unmet"
-            expected = logic.pool_advantages(rewards, rel.kept, self.buffer.normalize_std)
+            expected = self.rule.advantages(rewards, rel.kept, self.buffer.normalize_std)
             assert all(abs(a - b) <= 1e-9 for a, b in zip(rel.group.advantages, expected)), "advantage formula"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from pipeline.buffer.exit_rules import make_exit_rule
+from pipeline.buffer.exit_rules import ExitRule
 
 GRID = 64  # posterior parameters are rounded to 1/GRID for the cache (a change far below any decision's scale)
 
@@ -41,7 +41,7 @@ class Outlook:
         return sum(p * (k - j) for j, p in enumerate(self.exit_at[: k + 1]))
 
 
-def outlook(a: float, b: float, num_pos: int, num_neg: int, budget: int, rule: str, n: int) -> Outlook:
+def outlook(a: float, b: float, num_pos: int, num_neg: int, budget: int, rule: ExitRule, n: int) -> Outlook:
     """The Outlook of a pool with `num_pos` / `num_neg` samples, a Beta(a, b) posterior and `budget` further
     samples at most, under exit rule `rule` with group size n."""
     if a <= 0 or b <= 0:
@@ -53,8 +53,7 @@ def outlook(a: float, b: float, num_pos: int, num_neg: int, budget: int, rule: s
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _outlook(a: float, b: float, num_pos: int, num_neg: int, budget: int, rule_name: str, n: int) -> Outlook:
-    rule = make_exit_rule(rule_name)
+def _outlook(a: float, b: float, num_pos: int, num_neg: int, budget: int, rule: ExitRule, n: int) -> Outlook:
     exit_at = [0.0] * (budget + 1)
     resolved = 0.0
     layer = {0: 1.0}  # further positives -> probability, among paths that have not exited yet

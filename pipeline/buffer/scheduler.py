@@ -99,7 +99,8 @@ class Scheduler:
         self.batch_size = batch_size
         self.rule = make_exit_rule(sampling.exit_rule)
         self.policy = make_allocation(sampling, self.rule)
-        self.round_size = self.rule.round_size(sampling)  # the nominal round (M; n for "fixed"): `fixed` uses it
+        # the rule's nominal round (M; n for "fixed"); the allocation policy sizes each actual round
+        self.round_size = self.rule.round_size(sampling)
         self.round_ids = RoundIds() if round_ids is None else round_ids
         self._prompts = prompts
         self._rng = random.Random(seed)

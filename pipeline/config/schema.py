@@ -114,9 +114,9 @@ class SamplingConfig(Section):
                                                       "samples)")] = 4
     group_size: Annotated[int, Meta(ge=2, description="n: samples kept per released group (advantages need a "
                                                       "comparison)")] = 4
-    exit_rule: Annotated[Literal["balance", "pos", "fixed"], Meta(description=(
+    exit_rule: Annotated[Literal["balance", "pos", "mixed", "fixed"], Meta(description=(
         'when a prompt stops sampling: "balance" (n/2 positives and n - n/2 negatives), "pos" (one positive), '
-        '"fixed" (GRPO: one round of n samples)'))] = "balance"
+        '"mixed" (one positive and one negative), "fixed" (GRPO: one round of n samples)'))] = "balance"
     positive_threshold: Annotated[float, Meta(description="a sample is positive when its reward exceeds this (for "
                                                           "the exit rule and downsampling; rewards may be "
                                                           "continuous)")] = 0.5
@@ -140,10 +140,10 @@ class SamplingConfig(Section):
         'never; higher is cheaper per useful group but trains fewer hard prompts)'))] = 0.25
 
     def check(self) -> None:
-        self.require(self.exit_rule == "fixed" or self.round_size * self.max_rounds >= self.group_size,
-                     "round_size", f"`round_size` * `max_rounds` must be >= `group_size` ({self.group_size})")
-        self.require(self.exit_rule != "fixed" or self.allocation == "fixed", "allocation",
-                     'must be "fixed" with `exit_rule` = "fixed" (GRPO draws one round of n samples)')
+        from pipeline.buffer.exit_rules import make_exit_rule  # the rule knows what it needs (a buffer module)
+
+        for key, problem in make_exit_rule(self.exit_rule).config_errors(self)[:1]:
+            self.require(False, key, problem)
 
 
 class BufferConfig(Section):
