@@ -82,7 +82,56 @@ def peer_trl(results: Path) -> str:
     return "\n".join(table(_load(results, "peer_trl.json")))
 
 
+def e2e_tiny(results: Path) -> str:
+    """The tiny-model sweep: final accuracy, samples per step, and each variant minus GRPO at the same step, at
+    equal samples and at equal seconds, paired by seed (bench.e2e; an interval clear of zero in bold)."""
+    d = _load(results, "e2e.json")
+    label = {s["name"]: s["label"] for s in d["strategies"]}
+    k = d["args"]["k"]
+    rows = [f"| setting | strategy | final Ave@{k} (mean +- std) | samples/step | minus GRPO at the same step [95% CI] "
+            "| at equal samples generated | at equal wall-clock seconds |", "|---|---|---:|---:|---|---|---|"]
+    for setting, summ in d["summary"].items():
+        for name, st in summ["strategies"].items():
+            cells = [setting, label[name], f"{st['final_accuracy']['mean']:.3f} +- {st['final_accuracy']['std']:.3f}",
+                     f"{st['samples_per_step']['mean']:.0f}"]
+            for kind in ("final", "equal_samples", "equal_seconds"):
+                x = summ["differences"].get(name, {}).get(kind)
+                if x is None or x.get("lo") is None:
+                    cells.append("")
+                    continue
+                text = f"{x['mean']:+.3f} [{x['lo']:+.3f}, {x['hi']:+.3f}]"
+                cells.append(f"**{text}**" if x["lo"] > 0 or x["hi"] < 0 else text)
+            rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def allocation(results: Path) -> str:
+    """Engine seconds per useful group against streaming GRPO in the same run, early and late (bench.allocation)."""
+    d = _load(results, "allocation.json")
+    phases = ("early", "late")
+    pops, goals = d["populations"], d["goals"]
+    best = {ph: goals[ph]["balance"]["best_fixed_m"] for ph in phases}
+
+    def row(label: str, values: list[float]) -> str:
+        return f"| {label} | " + " | ".join(f"{v:.2f}x" for v in values) + " |"
+
+    return "\n".join([
+        "| | " + " | ".join(phases) + " |", "|---|" + "---:|" * len(phases),
+        row("Ada-balance, `min_cost` (the default yield floor)",
+            [pops[ph]["rows"]["Ada-balance min_cost"]["vs_stream_grpo"] for ph in phases]),
+        row("Ada-balance, the best fixed M (M = " + ", ".join(f"{best[ph]} {ph}" for ph in phases) + ")",
+            [pops[ph]["rows"][f"Ada-balance fixed M={best[ph]}"]["vs_stream_grpo"] for ph in phases]),
+        row("Ada-balance, round-synchronous reference",
+            [pops[ph]["rows"]["Ada-balance round-sync"]["vs_stream_grpo"] for ph in phases]),
+        row("an oracle that knows every pass rate, which never drifts (samples, nothing deferred; for comparison, "
+            "not a bound)", [pops[ph]["oracle"]["balance_vs_grpo"] for ph in phases]),
+        row("Ada-pos, `min_cost`", [pops[ph]["rows"]["Ada-pos min_cost"]["vs_stream_grpo"] for ph in phases]),
+    ])
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
+    "e2e": e2e_tiny,
+    "allocation": allocation,
     "peer-trl": peer_trl,
     "table2": table2_reference,
     "table2-streaming": table2_streaming,
