@@ -231,6 +231,18 @@ def reuse_trl(folder: Path, seed: int, steps: int) -> dict:
                      f"{folder}")
 
 
+def reuse_ours(folder: Path, name: str, steps: int, versions: list[int]) -> dict | None:
+    """One of this project's arms from an earlier invocation's work folder (its run directory and the evaluated
+    versions' weights), or None when it did not finish there."""
+    from bench.e2e_runs import summarise_run
+
+    run = summarise_run(folder / name)
+    weights = {v: folder / name / "weights" / f"v{v:06d}.safetensors" for v in versions}
+    if run.get("steps") != steps or not all(w.is_file() for w in weights.values()):
+        return None
+    return {**run, "code": 0, "reused": str(folder / name), "weights": {v: str(w) for v, w in weights.items()}}
+
+
 # ---------------------------------------------------------------- the sweep
 
 
@@ -257,6 +269,8 @@ def evaluate_all(runs: dict, seed: int, work: Path, extra: list[str]) -> dict:
                       "versions": {"0": base, **run["weights"]}}
                      for key, run in runs.items() if run.get("weights")]}
     spec_path, out_path = work / f"eval-spec-s{seed}.json", work / f"eval-s{seed}.json"
+    if out_path.is_file() and spec_path.is_file() and json.loads(spec_path.read_text()) == json.loads(json.dumps(spec)):
+        return json.loads(out_path.read_text())["runs"]  # these very versions were evaluated already (--reuse)
     spec_path.write_text(json.dumps(spec))
     from bench import guard
 
@@ -449,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     p.add_argument("--reuse-trl", metavar="DIR", help="take the TRL arm from an earlier run's trl-vllm-s<seed> or "
                    "trl-transformers-s<seed> folder in DIR (its result.json and weights) instead of running it again")
+    p.add_argument("--reuse", action="store_true", help="take every arm (and evaluation) that finished in --work "
+                   "in an earlier invocation instead of running it again: an interrupted sweep goes on")
     p.add_argument("--report", metavar="JSON", help="only redraw the table and plot from a peer_trl.json")
     p.add_argument("--work", help="the work directory (runs, weights; default: a new one in .cache/, kept for "
                                   "--reuse-trl and --report); with --report: the run's, for its learners' time split")
@@ -484,7 +500,18 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict = {}
         for arm in a.arms:
             print(f"== seed {seed}: {arm}", flush=True)
-            if arm == "trl-grpo" and a.reuse_trl:
+            earlier = None
+            if a.reuse and arm == "trl-grpo":
+                earlier = next((json.loads(f.read_text()) for f in [work / f"trl-{k}-s{seed}" / "result.json"
+                                                                    for k in ("vllm", "transformers")] if f.is_file()),
+                               None)
+                earlier = {**earlier, "code": 0} if earlier and earlier.get("steps") == steps else None
+            elif a.reuse:
+                earlier = reuse_ours(work, f"{arm}-s{seed}", steps, eval_versions(steps, every))
+            if earlier is not None:
+                run = earlier
+                trl_engine = run.get("engine", trl_engine) if arm == "trl-grpo" else trl_engine
+            elif arm == "trl-grpo" and a.reuse_trl:
                 run = reuse_trl(Path(a.reuse_trl), seed, steps)
                 trl_engine = run.get("engine", trl_engine)
             elif arm == "trl-grpo":

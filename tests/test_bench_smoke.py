@@ -261,6 +261,16 @@ def test_peer_trl_bench_smoke(tmp_path, tiny_model_dir):
     assert runs["trl-grpo"]["curve"][-1]["samples"] == 2 * 4 * data["batch_prompts"]  # n per prompt, B per step
     assert runs["grpo"]["curve"][-1]["samples"] >= 2 * 4 * data["batch_prompts"]  # streaming: more in flight
     assert (tmp_path / "peer_trl.md").is_file() and (tmp_path / "peer_trl.png").is_file()
+    assert runs["grpo"]["run_start_s"] > runs["grpo"]["learner_start_s"] > 0  # engines and buffer before the learner
+    # an interrupted sweep goes on with --reuse: every arm and evaluation that finished is taken, nothing reruns
+    again = tmp_path / "again"
+    _bench("bench.peer_trl", "--smoke", "--seeds", "0", "--arms", "trl-grpo", "grpo", "--reuse", "--out", str(again),
+           "--work", str(tmp_path / "work"), "--model.path", "tiny", "--producers.engine.max_model_len", "64",
+           "--sampling.max_new_tokens", "8", timeout_s=120)
+    reused = json.loads((again / "peer_trl.json").read_text())["runs"]["0"]
+    for arm in ("trl-grpo", "grpo"):
+        assert reused[arm]["curve"] == runs[arm]["curve"]
+    assert reused["grpo"]["reused"].endswith("grpo-s0")
 
 
 @pytest.mark.slow
