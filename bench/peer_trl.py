@@ -368,7 +368,7 @@ def table(doc: dict) -> list[str]:
     lines = ["| arm | seeds | Ave@k start -> end | gain (95% CI) | gain by seed | train s | s/step | samples | "
              "start-up s | vs TRL at TRL's time (95% CI) | time to TRL's final / TRL's time |",
              "|---|---:|---|---|---|---:|---:|---:|---:|---|---|"]
-    for arm in ARMS:
+    for arm in doc.get("arms", ARMS):
         if arm not in s:
             lines.append(f"| {LABELS[arm]} | 0 | failed | | | | | | | | |")
             continue
@@ -537,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"model": "SmolLM2-135M-Instruct", "machine": "2 CPU cores", "config": CONFIG, "steps": steps,
            "every": every, "seeds": a.seeds, "batch_prompts": cfg.learner.batch_prompts,
            "group_size": cfg.sampling.group_size, "k": cfg.eval.k, "problems": cfg.eval.num_problems,
-           "trl_engine": trl_engine,
+           "trl_engine": trl_engine, "arms": [arm for arm in ARMS if arm in a.arms],
            "why_not_vllm": why_not_vllm, "runs": results, "summary": summarise(results),
            "command": "python -m bench.peer_trl " + " ".join(argv)}
     write_report(doc, Path(a.out))
