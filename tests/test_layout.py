@@ -1,4 +1,5 @@
-"""pipeline/testing/ is for tests/ and bench/ only: no product module imports it."""
+"""pipeline/testing/ is for tests/ and bench/ only: no product module imports it; a package's map (its docstring)
+names every module it holds."""
 
 from pathlib import Path
 
@@ -9,3 +10,11 @@ def test_product_code_does_not_import_the_testing_package():
     offenders = [str(p.relative_to(PIPELINE)) for p in PIPELINE.rglob("*.py")
                  if "testing" not in p.relative_to(PIPELINE).parts[:1] and "pipeline.testing" in p.read_text()]
     assert not offenders, f"product modules import pipeline.testing: {offenders}"
+
+
+def test_the_buffer_package_map_names_every_module():
+    import pipeline.buffer
+
+    modules = {p.name for p in (PIPELINE / "buffer").glob("*.py")} - {"__init__.py"}
+    missing = sorted(m for m in modules if f"`{m}`" not in pipeline.buffer.__doc__)
+    assert not missing, f"pipeline/buffer/__init__.py's map omits {missing}: add each with what it holds"

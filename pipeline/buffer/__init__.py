@@ -1,11 +1,20 @@
 """The rollout buffer: pure scheduling logic (this package's public API) and, around it, the ZeroMQ service.
 
-Where things are: `logic.py` (downsampling, advantages), `exit_rules.py` (when a prompt stops sampling: a new
-rule goes there), `allocation.py` (how many samples a round gets, which examples wait: a new policy goes there),
-`state.py` (a prompt's pool, round ids), `pools.py` (active and waiting prompts, release), `scheduler.py` (rounds,
-leases, versions), `sampler.py` (the scheduler in your own training loop), `evals.py` (held-out evaluation rounds),
-`core.py` (every message, without sockets), `service.py` (the sockets), `snapshot.py` (--resume), `metrics.py` and
-`progress.py` (what the buffer reports).
+Where things are (every module; tests/test_layout.py holds this list complete):
+- the algorithm, pure: `logic.py` (downsampling, advantages), `exit_rules.py` (when a prompt stops sampling: a new
+  rule goes there), `allocation.py` (how many samples a round gets, which examples wait: a new policy goes there)
+  and `posterior.py` (the pass-rate math behind it);
+- the scheduler and its state: `scheduler.py` (rounds, versions, what the learner gets), `admission.py` (which
+  example comes next, what is remembered across visits), `pools.py` (active and waiting prompts, release),
+  `state.py` (a prompt's pool, round ids), `leases.py` (rounds out at producers), `intake.py` (results on their way
+  in), `counters.py` (the scheduler's counters), `ledger.py` (every generated token by fate), `state_codec.py` and
+  `snapshot.py` (--resume);
+- held-out evaluation: `evals.py`;
+- the service: `core.py` (every message, without sockets), `checks.py` (every value from the network, checked
+  once), `peers.py` (producer connections and leases), `incidents.py` (bad input, counted and logged),
+  `service.py` (the sockets), `main.py` (`reinforce-ada buffer`);
+- what it reports: `metrics.py`, `progress.py`;
+- outside the trainer: `sampler.py` (the scheduler in your own training loop).
 """
 
 from pipeline.buffer.exit_rules import EXIT_RULES, ExitRule, exit_reached, make_exit_rule

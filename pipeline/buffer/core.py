@@ -98,7 +98,7 @@ class BufferCore:
             raise ValueError(f"vocab_size must be >= 1 (or None: no check), got {vocab_size}")
         self.cfg, self.vocab_size, self.wall_clock = cfg, vocab_size, wall_clock
         self.scheduler = Scheduler(cfg.sampling, cfg.buffer, cfg.learner.batch_prompts, prompts, cfg.run.seed)
-        self.counters = dict.fromkeys(M.COUNTERS, 0)
+        self.counters = dict.fromkeys(M.SERVICE_COUNTERS, 0)
         self.incidents = Incidents(self.counters)
         # no sample of a version the learner has not announced here: producers load only what the buffer passed on
         # (after a resume, the learner's next request brings the buffer to its version within seconds)

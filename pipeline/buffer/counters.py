@@ -9,7 +9,7 @@ tokens_aborted. The ledger of every generated sample and token by fate (ledger.p
 declared there and added here.
 """
 
-from pipeline.buffer.ledger import COUNTERS as LEDGER_COUNTERS
+from pipeline.buffer.ledger import LEDGER_COUNTERS
 
 MAX_REJECTIONS = 3  # a prompt whose results are rejected this often is given up on (counted as unservable)
 COUNTERS = {  # every counter, declared once: metrics() reports each under its name

@@ -35,7 +35,7 @@ def bump(table: dict[str, int], key: str) -> None:
 
 
 class Incidents:
-    """Counts into the buffer's `counters` (metrics.COUNTERS) and keeps the tables of TABLES."""
+    """Counts into the buffer's `counters` (metrics.SERVICE_COUNTERS) and keeps the tables of TABLES."""
 
     def __init__(self, counters: dict[str, int]) -> None:
         self.counters = counters

@@ -2,7 +2,8 @@
 
 Reinforce-Ada (arXiv 2510.04996) samples a prompt in rounds until its pool of samples holds enough signal, then
 keeps a balanced group of n of them and computes each kept sample's advantage from the statistics of the whole
-pool. Nothing here keeps state, reads the clock or touches a socket; `scheduler.py` drives these functions.
+pool. Nothing here keeps state, reads the clock or touches a socket; `pools.py` (downsampling and release) and
+`exit_rules.py` (advantages) call these functions.
 
 Legend: n = group_size (samples kept per released group), M = round_size (samples per round), a pool is every
 sample a prompt has collected so far, in generation order.
