@@ -81,6 +81,9 @@ class RoundAssignment(_Msg):
     max_new_tokens: int = 0  # completion tokens per sample at most; 0 = the producer's sampling.max_new_tokens
     stream: bool = False  # report each sample as it finishes (SampleResults), not the whole round (RoundResult)
     extras: dict[str, Any] = {}  # the example's data.extra_keys values: keyword arguments of reward.fn
+    # >= 0: the samples' seeds derive from this key instead of round_id (evaluation rounds: the problem's index, so
+    # every evaluation of a problem draws with the same seeds and versions differ by the weights, not the luck)
+    seed_key: int = -1
 
 
 class WeightAnnouncement(_Msg):

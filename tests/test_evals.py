@@ -132,3 +132,21 @@ def test_no_held_out_prompts_means_no_evaluation():
     assert not e.start(0, 0.0) and e.take(8, "p", 0.0) == [] and e.outstanding == 0
     with pytest.raises(ValueError, match="eval.k"):
         evals(k=0)
+
+
+def test_every_evaluation_samples_a_problem_with_the_same_seeds():
+    """Common random numbers: a problem's rounds carry its index as their seed key, in every evaluation and every
+    re-issue, and the engine's seeds follow the key, not the (always new) round id."""
+    from pipeline.producer.engine import round_seed
+
+    e = evals()
+    e.start(0, 0.0)
+    first = e.take(100, "p0", 0.0)
+    e.start(5, 1.0)
+    second = e.take(100, "p0", 1.0)
+    assert [a.seed_key for a in first] == [a.seed_key for a in second] == list(range(len(PROMPTS)))
+    assert {a.round_id for a in first}.isdisjoint(a.round_id for a in second)
+    seeds = [round_seed(0, a.round_id, a.seed_key) for a in first]
+    assert seeds == [round_seed(0, a.round_id, a.seed_key) for a in second] and len(set(seeds)) == len(seeds)
+    # training rounds (no key) still get a seed per round id, apart from the keys' seeds
+    assert round_seed(0, 3) != round_seed(0, 4) and round_seed(0, 3) != round_seed(0, 99, 3)

@@ -73,13 +73,15 @@ def test_appended_fields_have_defaults_so_older_peers_still_decode():
     a = P.RoundAssignment(1, 2, "q", "a", 8, 30.0)
     assert (a.kind, a.max_new_tokens) == ("train", 0) and P.ROUND_KINDS == ("train", "eval")
     fields = P.RoundAssignment.__struct_fields__
-    assert fields[-4:-2] == ("kind", "max_new_tokens") and P.RoundResult.__struct_fields__[-1] == "kind"
+    assert fields[-5:-3] == ("kind", "max_new_tokens") and P.RoundResult.__struct_fields__[-1] == "kind"
     # later appends: RoundAssignment.stream and WorkRequest.max_samples, which an older peer leaves at their defaults
-    assert fields[-2] == "stream" and not a.stream and P.WorkRequest.__struct_fields__[-1] == "max_samples"
+    assert fields[-3] == "stream" and not a.stream and P.WorkRequest.__struct_fields__[-1] == "max_samples"
     # and RoundAssignment.extras (reward.fn's keyword arguments): an assignment without them has none
-    assert fields[-1] == "extras" and a.extras == {}
+    assert fields[-2] == "extras" and a.extras == {}
     short = msgspec.msgpack.encode(["RoundAssignment", 1, 2, "q", "a", 8, 30.0, "eval", 5, True])
     assert P.Decoder(P.RoundAssignment).decode([short]).extras == {}
+    # and RoundAssignment.seed_key (evaluation rounds' common random numbers): without it, seeds follow the round id
+    assert fields[-1] == "seed_key" and a.seed_key == -1 and P.Decoder(P.RoundAssignment).decode([short]).seed_key == -1
     old_request = msgspec.msgpack.encode(["WorkRequest", "p0", 4, 0])
     assert P.Decoder(P.ToBuffer).decode([old_request]).max_samples == 0
 

@@ -11,6 +11,8 @@ Invariants:
   rounds (late) and ids never issued here (unknown) are ignored and counted;
 - rows come out in the order the evaluations started, which is version order (versions only rise): a finished
   evaluation is held until every earlier one has finished;
+- a problem's rounds carry its index as their seed key: each evaluation (and each re-issue) samples it with the
+  same seeds, so two versions' scores differ by the weights, not by the luck of the draw (common random numbers);
 - Ave@k divides by k: missing samples count as wrong, and a problem whose result holds no samples (the producer
   could not serve it) counts as unsolved and is reported in `failed`.
 """
@@ -96,7 +98,8 @@ class Evals:
                 self._version_of[round_id] = run.version
                 prompt = self.prompts[problem]
                 out.append(P.RoundAssignment(round_id, problem, prompt.text, prompt.answer, self.k, self.lease_s,
-                                             "eval", self.max_new_tokens, extras=prompt.extras))
+                                             "eval", self.max_new_tokens, extras=prompt.extras,
+                                             seed_key=problem))
         self.counts["rounds_issued"] += len(out)
         return out
 

@@ -81,9 +81,13 @@ class _Round:
 SampleCallback = Callable[[int, "Completion", np.ndarray], None]  # (index in round, sample, prompt token ids)
 
 
-def round_seed(run_seed: int, round_id: int) -> int:
-    """A reproducible 31-bit seed for one round (sample i uses seed + i), well mixed across round ids."""
-    digest = hashlib.blake2b(f"{run_seed}:{round_id}".encode(), digest_size=8).digest()
+def round_seed(run_seed: int, round_id: int, seed_key: int = -1) -> int:
+    """A reproducible 31-bit seed for one round (sample i uses seed + i), well mixed across round ids.
+
+    `seed_key` >= 0 (an evaluation round's problem) replaces the round id, in a space of its own: every evaluation
+    then samples a problem with the same seeds, whatever round ids it got (common random numbers)."""
+    key = f"{run_seed}:{round_id}" if seed_key < 0 else f"{run_seed}:key:{seed_key}"
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % (2**31 - 4096)
 
 
@@ -226,7 +230,7 @@ class Engine:
             raise ValueError(f"round {rid} is already running on this engine")
         if assignment.num_samples < 1:
             raise ValueError(f"round {rid}: num_samples must be >= 1, got {assignment.num_samples}")
-        base_seed = round_seed(self.seed, rid)
+        base_seed = round_seed(self.seed, rid, assignment.seed_key)
         request_ids = [f"r{rid}.{i}" for i in range(assignment.num_samples)]
         state = _Round(request_ids, assignment.num_samples)
         self._rounds[rid] = state
