@@ -326,7 +326,8 @@ class RunConfig(Section):
 
 
 class EvalConfig(Section):
-    """Held-out evaluation during training (Ave@k at the sampling temperature)."""
+    """Held-out evaluation during training (Ave@k at the sampling temperature; every version samples a problem with
+    the same seeds, so two versions differ more by their weights than by the luck of the draw)."""
 
     k: Annotated[int, Meta(ge=1, description="samples per problem for Ave@k during training")] = 4
     num_problems: Annotated[int, Meta(ge=0, description="held-out problems of each eval file evaluated during "
