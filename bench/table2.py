@@ -149,6 +149,59 @@ def absolute_fits(traces: dict, cfg: Table2Config, c: Constants) -> list[dict]:
     return rows
 
 
+BAND_SPREAD = 2.0  # a plausible constant lies within 1/2x..2x of its derived value (log-uniform)
+BAND_DRAWS = 400
+
+
+def joint_band(traces: dict, cfg: Table2Config, c: Constants, draws: int = BAND_DRAWS,
+               spread: float = BAND_SPREAD) -> dict:
+    """The ratios that plausible constants give, all varied at once: every constant of the sensitivity table drawn
+    log-uniformly within 1/spread..spread of its value, `draws` times (replaying the reference traces). Reports the
+    5-95% band of each ratio, whether the paper's ratio is inside it, and the share of draws within +-20% of the
+    paper: a share near 1 says the +-20% check could hardly have failed."""
+    rng = np.random.default_rng([cfg.seed, 2])
+    paper = ratios(PAPER_S)
+    got: dict[str, list[float]] = {"pos": [], "balance": []}
+    for _ in range(draws):
+        k = np.exp(rng.uniform(-np.log(spread), np.log(spread), len(SENSITIVITY)))
+        r = ratios(replay_seconds(traces, cfg, replace(c, **{n: getattr(c, n) * f for n, f in zip(SENSITIVITY, k)})))
+        for rule in got:
+            got[rule].append(r[rule])
+    out: dict = {"draws": draws, "spread": spread}
+    for rule, vals in got.items():
+        lo, mid, hi = (float(x) for x in np.percentile(vals, [5, 50, 95]))
+        out[rule] = {"p5": lo, "p50": mid, "p95": hi, "paper": paper[rule], "paper_inside": lo <= paper[rule] <= hi,
+                     "within_20pct_share": float(np.mean([abs(v / paper[rule] - 1) <= 0.2 for v in vals]))}
+    return out
+
+
+OUT_OF_SAMPLE_KNOB = ("learner_mfu",)  # the constant the ratios move most with (the sensitivity table)
+
+
+def out_of_sample(traces: dict, cfg: Table2Config, c: Constants, knob: tuple[str, ...] = OUT_OF_SAMPLE_KNOB) -> list:
+    """Calibrate on one column, predict the other: the scale of `knob` that makes one rule's ratio the paper's
+    (bisection over 1/16..16, replaying the traces), then the other rule's ratio at that scale against the paper's.
+    None where no scale in range reaches the paper's ratio."""
+    paper = ratios(PAPER_S)
+    rows = []
+    for fit, predict in (("pos", "balance"), ("balance", "pos")):
+        def at(k: float) -> dict[str, float]:
+            return ratios(replay_seconds(traces, cfg, _scaled(c, knob, k)))
+        lo, hi = 1 / 16, 16.0
+        f_lo, f_hi = at(lo)[fit] - paper[fit], at(hi)[fit] - paper[fit]
+        if f_lo * f_hi > 0:
+            rows.append({"fit": fit, "predict": predict, "knob": list(knob), "scale": None})
+            continue
+        for _ in range(40):
+            mid = (lo * hi) ** 0.5
+            f_mid = at(mid)[fit] - paper[fit]
+            lo, hi, f_lo = (mid, hi, f_mid) if f_mid * f_lo > 0 else (lo, mid, f_lo)
+        r = at(hi)
+        rows.append({"fit": fit, "predict": predict, "knob": list(knob), "scale": hi, "fitted": r[fit],
+                     "predicted": r[predict], "paper": paper[predict], "error": r[predict] / paper[predict] - 1})
+    return rows
+
+
 def fig5_check(reference: dict) -> list[dict]:
     """The model's samples beyond the first round and Ada-balance's unresolved prompts next to the paper's Fig. 5."""
     rows, M = [], SamplingConfig().round_size
@@ -215,6 +268,8 @@ def run(cfg: Table2Config, c: Constants) -> dict:
         "within_20pct": {rule: abs(model[rule] / paper[rule] - 1) <= 0.2 for rule in model},
         "fig5": fig5_check(reference),
         "sensitivity": sensitivity(traces, cfg, c),
+        "joint_band": joint_band(traces, cfg, c, draws=40 if cfg.batch_size < 512 else BAND_DRAWS),
+        "out_of_sample": out_of_sample(traces, cfg, c),
         "absolute_fits": absolute_fits(traces, cfg, c),
         "ablations": ablations(traces, cfg, c),
         "streaming": run_streaming(cfg, c, reference),

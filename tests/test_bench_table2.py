@@ -11,7 +11,7 @@ from bench.engine_sim import Engine, Seq
 from bench.population import REWARD_CURVES, curve_at, pass_rates
 from bench.reference_trace import Trace
 from bench.sampling_sim import SimConfig, Strategy, simulate
-from bench.table2 import RULES, Table2Config, main, replay_seconds, run_reference
+from bench.table2 import RULES, Table2Config, joint_band, main, out_of_sample, ratios, replay_seconds, run_reference
 
 SMALL = Table2Config(batch_size=32, phases=(50, 450), steps_per_phase=2, gpus=4, reference_slots=1024,
                      stream_warmup=1, stream_steps=1)
@@ -54,6 +54,30 @@ def test_step_time_grows_with_every_time_and_length_constant(reference):
                 assert more[rule] < base[rule], (name, rule)
             else:
                 assert more[rule] >= base[rule], (name, rule)
+
+
+def test_the_joint_band_holds_the_base_ratios_and_can_miss_the_paper(reference):
+    """With no room for the constants (spread 1) the band is the model's own ratios, and the paper's ratio is inside
+    it only if the model hits it exactly: the band check can fail. With room, the band widens around them."""
+    _, traces = reference
+    base = ratios(replay_seconds(traces, SMALL, Constants()))
+    tight = joint_band(traces, SMALL, Constants(), draws=3, spread=1.0)
+    for rule in ("pos", "balance"):
+        assert tight[rule]["p5"] == pytest.approx(base[rule]) == pytest.approx(tight[rule]["p95"])
+        assert tight[rule]["paper_inside"] == (tight[rule]["p5"] <= tight[rule]["paper"] <= tight[rule]["p95"])
+    wide = joint_band(traces, SMALL, Constants(), draws=30, spread=2.0)
+    for rule in ("pos", "balance"):
+        assert wide[rule]["p5"] < base[rule] < wide[rule]["p95"] and 0.0 <= wide[rule]["within_20pct_share"] <= 1.0
+
+
+def test_out_of_sample_fits_one_ratio_exactly_and_predicts_the_other(reference):
+    _, traces = reference
+    for row in out_of_sample(traces, SMALL, Constants()):
+        if row["scale"] is None:  # no learner speed in range reaches the paper's ratio at this size
+            continue
+        assert row["fitted"] == pytest.approx(ratios({"fixed": 102.0, "pos": 228.0, "balance": 290.0})[row["fit"]],
+                                              rel=1e-3)
+        assert row["error"] == pytest.approx(row["predicted"] / row["paper"] - 1)
 
 
 def test_same_seed_same_numbers():
