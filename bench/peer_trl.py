@@ -386,6 +386,36 @@ def table(doc: dict) -> list[str]:
     return lines
 
 
+def parity_table(doc: dict, arm: str = "grpo") -> list[str]:
+    """TRL's GRPO against one of this project's arms, seed by seed, at the same step (the last): start -> end of
+    each, our final minus TRL's paired per problem, train seconds, and when ours reached TRL's final accuracy.
+    Empty unless both arms have curves."""
+    rows, ours_all, trl_all = [], [], []
+    for seed, runs in doc["runs"].items():
+        trl, ours = runs.get("trl-grpo", {}), runs.get(arm, {})
+        if not (trl.get("curve") and ours.get("curve")):
+            continue
+        d, ci = paired(ours["last_per_problem"], trl["last_per_problem"])
+        ours_all += ours["last_per_problem"]
+        trl_all += trl["last_per_problem"]
+        t_trl = trl["curve"][-1]["seconds"]
+        hit = [c["seconds"] for c in ours["curve"] if c["accuracy"] >= trl["final_accuracy"]]
+        c_t, c_o = trl["curve"], ours["curve"]
+        rows.append(f"| {seed} | {c_t[0]['accuracy']:.3f} -> {c_t[-1]['accuracy']:.3f} "
+                    f"({c_t[-1]['accuracy'] - c_t[0]['accuracy']:+.3f}) | {c_o[0]['accuracy']:.3f} -> "
+                    f"{c_o[-1]['accuracy']:.3f} ({c_o[-1]['accuracy'] - c_o[0]['accuracy']:+.3f}) | "
+                    f"{d:+.3f} ({d - ci:+.3f}, {d + ci:+.3f}) | {t_trl:.0f} | {c_o[-1]['seconds']:.0f} | "
+                    f"{('at its start' if hit[0] == 0 else f'{hit[0] / t_trl:.2f}') if hit else 'not reached'} |")
+    if not rows:
+        return []
+    d, ci = paired(ours_all, trl_all)
+    return [f"| seed | TRL GRPOTrainer: Ave@k start -> end (gain) | {LABELS[arm]}: start -> end (gain) | "
+            f"{LABELS[arm]} minus TRL at step {doc['steps']} (95% CI) | TRL train s | our train s | "
+            "ours reached TRL's final at (x TRL's time) |",
+            "|---|---|---|---|---:|---:|---|", *rows,
+            f"| all {len(rows)} | | | {d:+.3f} ({d - ci:+.3f}, {d + ci:+.3f}) | | | |"]
+
+
 def write_report(doc: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "peer_trl.json").write_text(json.dumps(doc, indent=1) + "\n")
@@ -394,6 +424,9 @@ def write_report(doc: dict, out: Path) -> None:
              f"`{doc['command']}`: {doc['steps']} learner steps of {doc['batch_prompts']} prompts x n = "
              f"{doc['group_size']} per arm, seeds {doc['seeds']}, held-out Ave@{doc['k']} on {doc['problems']} "
              f"problems; TRL generated with {doc['trl_engine']}.", "", *table(doc)]
+    parity = parity_table(doc)
+    if parity:
+        lines += ["", "GRPO against GRPO, seed by seed (the same step; paired per problem):", "", *parity]
     split = [f"{LABELS[a]}: learner {s[a]['learner_compute_s']:.1f} s computing + {s[a]['learner_wait_s']:.1f} s "
              "waiting for a batch per step" for a in OURS if a in s and "learner_compute_s" in s[a]]
     if split:
