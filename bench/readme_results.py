@@ -41,6 +41,23 @@ def table2_reference(results: Path) -> str:
     return "\n".join(rows)
 
 
+def table2_band(results: Path) -> str:
+    """Table 2's ratios with every constant varied at once (the band), and one ratio predicted from the other."""
+    d = _load(results, "table2.json")
+    b = d["joint_band"]
+    lines = [f"| ratio | model | 5-95% band, constants within 1/{b['spread']:g}x..{b['spread']:g}x | paper | "
+             "paper inside | draws within +-20% of the paper | predicted when the other ratio is calibrated |",
+             "|---|---:|---|---:|---|---:|---|"]
+    oos = {r["predict"]: r for r in d["out_of_sample"] if r.get("scale") is not None}
+    for rule in ("pos", "balance"):
+        r, o = b[rule], oos.get(rule)
+        pred = f"{o['predicted']:.2f} ({o['error']:+.0%})" if o else "no fit in range"
+        lines.append(f"| {RULES[rule]} x GRPO | {d['ratios'][rule]:.2f} | {r['p5']:.2f}-{r['p95']:.2f} | "
+                     f"{r['paper']:.2f} | {'yes' if r['paper_inside'] else 'no'} | {r['within_20pct_share']:.0%} | "
+                     f"{pred} |")
+    return "\n".join(lines)
+
+
 def table2_streaming(results: Path) -> str:
     """Streaming setups in the cost model against GRPO at its best: the cheapest of GRPO with keep and drop on
     every split, per useful group (bench.table2's `streaming` rows)."""
@@ -80,6 +97,14 @@ def peer_trl(results: Path) -> str:
     from bench.peer_trl import table
 
     return "\n".join(table(_load(results, "peer_trl.json")))
+
+
+def peer_grpo(results: Path) -> str:
+    """TRL's GRPO against this project's GRPO, seed by seed, with the optimizer matched (bench.peer_trl --arms
+    trl-grpo grpo, written to bench/results/peer_grpo/)."""
+    from bench.peer_trl import parity_table
+
+    return "\n".join(parity_table(_load(results / "peer_grpo", "peer_trl.json")))
 
 
 def e2e_tiny(results: Path) -> str:
@@ -133,7 +158,9 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "e2e": e2e_tiny,
     "allocation": allocation,
     "peer-trl": peer_trl,
+    "peer-grpo": peer_grpo,
     "table2": table2_reference,
+    "table2-band": table2_band,
     "table2-streaming": table2_streaming,
     "pipeline": pipeline_vs_reference,
 }
