@@ -44,6 +44,7 @@ SMOKE = {
     "e2e_runs": E2E,
     "e2e_stats": E2E,
     "e2e_strategies": E2E,
+    "eval_noise": f"{HERE}::test_eval_noise_bench_smoke",
     "engine_sim": TABLE2,
     "flood": "tests/test_adversarial_wire.py::test_memory_stays_flat_under_a_flood_of_new_identities",
     "guard": f"{HERE}::test_a_bench_killed_mid_run_leaves_no_process",
@@ -291,6 +292,20 @@ def test_e2e_bench_trains_and_evaluates_a_tiny_sweep(tmp_path, tiny_model_dir):
     data = json.loads((tmp_path / "smoke.json").read_text())
     assert [r["code"] for r in data["runs"]] == [0]
     assert (tmp_path / "smoke.md").is_file() and (tmp_path / "smoke.png").is_file()
+
+
+@pytest.mark.slow
+def test_eval_noise_bench_smoke(tmp_path, tiny_model_dir):
+    """bench.eval_noise on the tiny model: 2 draws of 6 problems along both paths (vLLM's LLM, then the producer's
+    engine fed evaluation rounds), and a report that compares them."""
+    _bench("bench.eval_noise", "--config", "configs/tiny.toml", "--draws", "2", "--problems", "6", "--k", "2",
+           "--out", str(tmp_path), timeout_s=600)
+    data = json.loads((tmp_path / "eval_noise.json").read_text())
+    for path in ("offline", "engine"):
+        assert [d["seed"] for d in data["draws"][path]] == [0, 1]
+        assert all(0.0 <= d["accuracy"] <= 1.0 for d in data["draws"][path])
+        assert data["summary"][path]["min"] <= data["summary"][path]["mean"] <= data["summary"][path]["max"]
+    assert "| engine | 2 |" in (tmp_path / "eval_noise.md").read_text()
 
 
 @pytest.mark.slow
