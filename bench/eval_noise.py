@@ -33,15 +33,13 @@ CONFIG = "configs/smollm2-135m.toml"
 
 
 def offline_draws(cfg, model_dir: str, prompts: list, draws: int) -> list[dict]:
-    from pipeline.offline import make_llm
+    from pipeline.offline import make_llm, shutdown_llm
 
     llm = make_llm(cfg, model_dir)
     try:
         return _sample_draws(llm, cfg, prompts, draws)
     finally:  # the engine core process goes before the producer's engine starts
-        core = getattr(llm.llm_engine, "engine_core", None)
-        if core is not None:
-            core.shutdown()
+        shutdown_llm(llm)
 
 
 def _sample_draws(llm, cfg, prompts: list, draws: int) -> list[dict]:
@@ -83,7 +81,9 @@ async def _engine_draws(cfg, model_dir: str, prompts: list, draws: int) -> list[
 
 
 def _draw(seed: int, rewards: list[list[float]], threshold: float, seconds: float) -> dict:
-    per_problem = [sum(r > threshold for r in rs) / len(rs) for rs in rewards]
+    from pipeline.buffer.logic import is_positive  # what the in-run evaluation counts as correct
+
+    per_problem = [sum(is_positive(r, threshold) for r in rs) / len(rs) for rs in rewards]
     return {"seed": seed, "accuracy": statistics.fmean(per_problem), "seconds": seconds}
 
 

@@ -286,6 +286,12 @@ def at_seconds(curve: list[dict], seconds: float) -> dict | None:
     return done[-1] if done else None
 
 
+def reached_trl_final(ours: dict, trl: dict) -> float | None:
+    """When an arm's curve first reached TRL's final accuracy, as a share of TRL's train seconds (None: never)."""
+    hit = [c["seconds"] for c in ours["curve"] if c["accuracy"] >= trl["final_accuracy"]]
+    return hit[0] / trl["curve"][-1]["seconds"] if hit else None
+
+
 def paired(a: list[float], b: list[float]) -> tuple[float, float]:
     """Mean difference of paired per-problem accuracies and its 95% half-width (normal, over problems)."""
     d = [x - y for x, y in zip(a, b)]
@@ -354,8 +360,7 @@ def summarise(results: dict) -> dict:
             if point is not None:
                 diffs_a += point["per_problem"]
                 diffs_b += trl["last_per_problem"]
-            hit = [c["seconds"] for c in ours["curve"] if c["accuracy"] >= trl["final_accuracy"]]
-            reach.append(hit[0] / t_trl if hit else None)
+            reach.append(reached_trl_final(ours, trl))
         if diffs_a:
             out[arm]["vs_trl_at_trl_seconds"], out[arm]["vs_trl_ci95"] = paired(diffs_a, diffs_b)
         out[arm]["time_to_trl_final_over_trl_time"] = reach
@@ -398,14 +403,13 @@ def parity_table(doc: dict, arm: str = "grpo") -> list[str]:
         d, ci = paired(ours["last_per_problem"], trl["last_per_problem"])
         ours_all += ours["last_per_problem"]
         trl_all += trl["last_per_problem"]
-        t_trl = trl["curve"][-1]["seconds"]
-        hit = [c["seconds"] for c in ours["curve"] if c["accuracy"] >= trl["final_accuracy"]]
+        t_trl, reach = trl["curve"][-1]["seconds"], reached_trl_final(ours, trl)
         c_t, c_o = trl["curve"], ours["curve"]
         rows.append(f"| {seed} | {c_t[0]['accuracy']:.3f} -> {c_t[-1]['accuracy']:.3f} "
                     f"({c_t[-1]['accuracy'] - c_t[0]['accuracy']:+.3f}) | {c_o[0]['accuracy']:.3f} -> "
                     f"{c_o[-1]['accuracy']:.3f} ({c_o[-1]['accuracy'] - c_o[0]['accuracy']:+.3f}) | "
                     f"{d:+.3f} ({d - ci:+.3f}, {d + ci:+.3f}) | {t_trl:.0f} | {c_o[-1]['seconds']:.0f} | "
-                    f"{('at its start' if hit[0] == 0 else f'{hit[0] / t_trl:.2f}') if hit else 'not reached'} |")
+                    f"{'not reached' if reach is None else 'at its start' if reach == 0 else f'{reach:.2f}'} |")
     if not rows:
         return []
     d, ci = paired(ours_all, trl_all)

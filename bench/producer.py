@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from bench import guard
+from pipeline.offline import shutdown_llm
 from pipeline.testing.models import save_sharpened_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,12 +73,6 @@ def run_offline(llm, prompts, params) -> tuple[int, float]:
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     return sum(len(c.token_ids) for o in outs for c in o.outputs), time.perf_counter() - start
-
-
-def _shutdown_offline(llm) -> None:
-    core = getattr(llm.llm_engine, "engine_core", None)
-    if core is not None:
-        core.shutdown()
 
 
 async def _measure(args, engine, llm, prompts: list[str]) -> list[dict]:
@@ -137,7 +132,7 @@ async def bench(args) -> dict:
         start_s = time.perf_counter() - t0
         llm = LLM(**engine_kwargs(args.model, "float32", engine_cfg, 0))
         rows = await _measure(args, engine, llm, prompts)
-        _shutdown_offline(llm)
+        shutdown_llm(llm)
         llm = None
         # the loader refuses weights in a folder others can write (0700 only): load a copy from a private one
         with tempfile.TemporaryDirectory(prefix="bench-weights-") as private:
@@ -146,7 +141,7 @@ async def bench(args) -> dict:
             weights_mib = weights.stat().st_size / 2**20
     finally:
         if llm is not None:
-            _shutdown_offline(llm)
+            shutdown_llm(llm)
         await engine.shutdown()
     return dict(rows=rows, loads=loads, start_s=start_s, weights_mib=weights_mib)
 

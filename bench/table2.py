@@ -44,6 +44,7 @@ class Table2Config:
     steps_per_phase: int = 2  # reference steps simulated per phase
     stream_warmup: int = 2  # streaming steps run before measuring, per phase
     stream_steps: int = 3  # streaming steps measured per phase
+    band_draws: int = 400  # draws of every constant at once (joint_band)
     gpus: int = 8
     reference_slots: int = 1024  # verl's vLLM max_num_seqs
     project_slots: int = 512  # configs/qwen2.5-math-1.5b.toml producers.engine.max_num_seqs
@@ -150,15 +151,15 @@ def absolute_fits(traces: dict, cfg: Table2Config, c: Constants) -> list[dict]:
 
 
 BAND_SPREAD = 2.0  # a plausible constant lies within 1/2x..2x of its derived value (log-uniform)
-BAND_DRAWS = 400
 
 
-def joint_band(traces: dict, cfg: Table2Config, c: Constants, draws: int = BAND_DRAWS,
+def joint_band(traces: dict, cfg: Table2Config, c: Constants, draws: int | None = None,
                spread: float = BAND_SPREAD) -> dict:
     """The ratios that plausible constants give, all varied at once: every constant of the sensitivity table drawn
     log-uniformly within 1/spread..spread of its value, `draws` times (replaying the reference traces). Reports the
     5-95% band of each ratio, whether the paper's ratio is inside it, and the share of draws within +-20% of the
     paper: a share near 1 says the +-20% check could hardly have failed."""
+    draws = cfg.band_draws if draws is None else draws
     rng = np.random.default_rng([cfg.seed, 2])
     paper = ratios(PAPER_S)
     got: dict[str, list[float]] = {"pos": [], "balance": []}
@@ -268,7 +269,7 @@ def run(cfg: Table2Config, c: Constants) -> dict:
         "within_20pct": {rule: abs(model[rule] / paper[rule] - 1) <= 0.2 for rule in model},
         "fig5": fig5_check(reference),
         "sensitivity": sensitivity(traces, cfg, c),
-        "joint_band": joint_band(traces, cfg, c, draws=40 if cfg.batch_size < 512 else BAND_DRAWS),
+        "joint_band": joint_band(traces, cfg, c),
         "out_of_sample": out_of_sample(traces, cfg, c),
         "absolute_fits": absolute_fits(traces, cfg, c),
         "ablations": ablations(traces, cfg, c),
@@ -285,7 +286,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     cfg = Table2Config(seed=args.seed)
     if args.quick:
-        cfg = replace(cfg, batch_size=64, phases=(50, 450), steps_per_phase=1, stream_warmup=1, stream_steps=1)
+        cfg = replace(cfg, batch_size=64, phases=(50, 450), steps_per_phase=1, stream_warmup=1, stream_steps=1,
+                      band_draws=40)
     data = run(cfg, Constants())
     data["command"] = ("python -m bench.table2 " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     dest = Path(args.out)

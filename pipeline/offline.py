@@ -24,6 +24,13 @@ def make_llm(cfg: Config, model_dir: str) -> Any:
     return LLM(**kwargs)
 
 
+def shutdown_llm(llm: Any) -> None:
+    """Stop an `LLM`'s engine core process now (before another engine starts in this process, say)."""
+    core = getattr(llm.llm_engine, "engine_core", None)
+    if core is not None:
+        core.shutdown()
+
+
 def sample_and_score(llm: Any, prompts: list[str], answers: list[str], k: int, temperature: float, top_p: float,
                      max_new_tokens: int, seed: int, reward_workers: int, reward_timeout_s: float, *,
                      reward_fn: str = DEFAULT_REWARD_FN, extras: list[dict] | None = None,
