@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from pipeline.config import Config
+from pipeline.supervisor.launchers import Launcher
 from pipeline.supervisor.lifecycle import RunFailed, Watch, wait_until
 from pipeline.supervisor.live import Display, RunState
 from pipeline.supervisor.plan import RunPlan
@@ -90,7 +91,7 @@ def _plan(tmp_path, producer_code: str, learner_code: str = "import time; time.s
     children = [Child("buffer", "buffer", [py, "-c", "import time; time.sleep(60)"], tmp_path),
                 Child("producer-0", "producer", [py, "-c", producer_code], tmp_path),
                 Child("learner", "learner", [py, "-c", learner_code], tmp_path)]
-    return RunPlan(Config(), tmp_path, children, router_port=0)
+    return RunPlan(Config(), tmp_path, children, router_port=0, launcher=Launcher(), host="127.0.0.1")
 
 
 def _watch(plan: RunPlan) -> tuple[Watch, list[str]]:
@@ -175,7 +176,7 @@ def test_a_child_that_stops_the_run_on_purpose_is_not_restarted(tmp_path):
     say %= EXIT_FATAL
     children = [Child("buffer", "buffer", [py, "-c", say], tmp_path),
                 Child("learner", "learner", [py, "-c", "import time; time.sleep(1.0)"], tmp_path)]
-    plan = RunPlan(Config(), tmp_path, children, router_port=0)
+    plan = RunPlan(Config(), tmp_path, children, router_port=0, launcher=Launcher(), host="127.0.0.1")
     try:
         for child in children:
             child.start()

@@ -149,7 +149,7 @@ def test_plain_output_without_a_terminal(capsys, monkeypatch):
 
 def test_plan_children_commands(tmp_path):
     cfg = load_config(None, ["--producers.count", "2", "--producers.devices", '["0", "1"]'])
-    children = plan_children(cfg, tmp_path / "config.toml", "/m", tmp_path, 6000)
+    children, _ = plan_children(cfg, tmp_path / "config.toml", "/m", tmp_path, 6000)
     assert [c.name for c in children] == ["buffer", "producer-0", "producer-1", "learner"]
     for child in children:
         assert child.cmd[child.cmd.index("--endpoints.router_port") + 1] == "6000"
@@ -158,7 +158,7 @@ def test_plan_children_commands(tmp_path):
     assert children[2].env == {"CUDA_VISIBLE_DEVICES": "1"}
     assert children[1].cmd[children[1].cmd.index("--connect") + 1] == "127.0.0.1:6000"
     cfg = load_config(None, ["--learner.num_ranks", "2"])
-    learner = plan_children(cfg, tmp_path / "c.toml", "/m", tmp_path, 6000)[-1]
+    learner = plan_children(cfg, tmp_path / "c.toml", "/m", tmp_path, 6000)[0][-1]
     assert "torch.distributed.run" in learner.cmd and "--nproc-per-node=2" in learner.cmd
 
 

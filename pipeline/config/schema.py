@@ -300,6 +300,9 @@ class EndpointsConfig(Section):
         return self.router_port + 1 if self.router_port else 0
 
 
+ROLES = ("buffer", "producer", "learner")  # the processes of a run (pipeline/supervisor/plan.py)
+
+
 class RunConfig(Section):
     """The run's name, directory, seed, and the experiment trackers the learner logs to (pipeline/trackers.py)."""
 
@@ -319,10 +322,25 @@ class RunConfig(Section):
         "learner steps between tables of sample completions in the trackers (0 = none)"))] = 10
     num_table_samples: Annotated[int, Meta(ge=1, description=(
         "completions per table: prompt, completion, reward, rounds, version"))] = 8
+    launcher: Annotated[Literal["local", "ray"], Meta(description=(
+        "where the run's processes run: \"local\" = children of `train` on this machine; \"ray\" = on the nodes "
+        "of an existing Ray cluster (pip install 'reinforce-ada[ray]'), placed by run.ray_resources, under the "
+        "same restart rules"))] = "local"
+    ray_address: Annotated[str, Meta(description=(
+        "the Ray cluster of launcher = \"ray\" (\"\" = the RAY_ADDRESS variable, else the cluster started on "
+        "this machine with `ray start`)"))] = ""
+    ray_resources: Annotated[dict[str, dict[str, float]], Meta(description=(
+        "what each role's process reserves on a Ray node, by role (buffer, producer, learner): CPU and GPU "
+        "counts and custom resources, e.g. {producer = {GPU = 1}, learner = {GPU = 8, trainer = 1}}; a role "
+        "not named reserves 1 CPU"))] = {}
 
     def check(self) -> None:
         self.require(bool(self.name) and "/" not in self.name, "name", "must be a non-empty name without '/'")
         self.require(len(set(self.trackers)) == len(self.trackers), "trackers", "names a tracker twice")
+        unknown = sorted(set(self.ray_resources) - set(ROLES))
+        self.require(not unknown, "ray_resources", f"names no role: {', '.join(unknown)} (roles: {', '.join(ROLES)})")
+        negative = [f"{role}.{name}" for role, res in self.ray_resources.items() for name, n in res.items() if n < 0]
+        self.require(not negative, "ray_resources", f"a negative amount: {', '.join(negative)}")
 
 
 class EvalConfig(Section):

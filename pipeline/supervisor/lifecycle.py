@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pipeline import protocol as P
 from pipeline.exits import EXIT_FATAL
 from pipeline.jsonl import JsonlTail
+from pipeline.supervisor.launchers import write_placement
 from pipeline.supervisor.live import Display
 from pipeline.supervisor.plan import RunPlan
 from pipeline.supervisor.procs import Child, stop_all
@@ -38,6 +39,7 @@ RESUME = {"learner": "--resume", "buffer": "--resume", "producer": None}
 LEARNER_EXIT_S = 60.0
 LEARNER_STOP_S = 600.0  # a stopped learner finishes its step and checkpoints within this (a real model's step)
 METRICS_EVERY_S = 1.0
+PLACEMENT = "placement.json"  # in the log folder: where each process runs now (node, pid), rewritten on restarts
 TICK_S = 0.2
 
 
@@ -85,6 +87,7 @@ def start_all(plan: RunPlan, client: BufferClient, stopping: Callable[[], str],
     wait_until(lambda: (buffer_metrics(client) or {}).get("producers_alive", 0) >= num,
                [plan.buffer, *plan.producers], producers_start_s, f"the {num} producer(s)", stopping)
     plan.learner.start()
+    write_placement(plan.log_dir / PLACEMENT, plan.launcher, plan.children)
 
 
 def stop_run(plan: RunPlan, forced: Callable[[], bool], learner_stop_s: float = LEARNER_STOP_S) -> None:
@@ -162,6 +165,14 @@ class Watch:
 
     def check_children(self) -> bool:
         """Restart what died; True when the run is finished."""
+        restarts = sum(c.restarts for c in self.plan.children)
+        try:
+            return self._check_children()
+        finally:
+            if sum(c.restarts for c in self.plan.children) != restarts:
+                write_placement(self.plan.log_dir / PLACEMENT, self.plan.launcher, self.plan.children)
+
+    def _check_children(self) -> bool:
         learner, buffer = self.plan.learner, self.plan.buffer
         code = learner.poll()
         if code == 0:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pipeline.config import Config, ConfigError, load_config
 from pipeline.rewards.base import check_reward_config
-from pipeline.supervisor.lifecycle import RunFailed, Watch, buffer_metrics, start_all, stop_run
+from pipeline.supervisor.lifecycle import PLACEMENT, RunFailed, Watch, buffer_metrics, start_all, stop_run
 from pipeline.supervisor.live import Display, RunState, summarise
 from pipeline.supervisor.plan import RunPlan, check_data_files, checkpoint_version, plan_run, prepare_run_dir
 from pipeline.trackers import TrackerError, check_trackers
@@ -68,7 +68,14 @@ def run(cfg: Config, resume: bool = False) -> int:
     """Plan, start, watch and summarise one run (`resume`: continue the one in cfg.run_dir); the exit code of
     `reinforce-ada train`."""
     t0 = time.monotonic()
-    plan = plan_run(cfg, resume)
+    try:
+        plan = plan_run(cfg, resume)
+    except ConfigError as exc:  # the launcher's: no Ray cluster, say
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    except RunFailed as exc:  # a process no node can take
+        print(f"run stopped: {exc}", file=sys.stderr)
+        return 1
     display = Display(RunState(cfg.run.name, cfg.learner.num_steps), sys.stdout.isatty() and cfg.run.live)
     client = BufferClient(plan.router_url, plan.control_url, unique_identity("supervisor"), cfg.endpoints.keys_dir,
                           subscribe=False)  # metrics only
@@ -77,8 +84,9 @@ def run(cfg: Config, resume: bool = False) -> int:
     exit_code = 0
     try:
         start_all(plan, client, interrupts.pending)
-        print(f"run {cfg.run.name}: {len(plan.producers)} producer(s), learner x{cfg.learner.num_ranks}; logs in "
-              f"{plan.log_dir}", flush=True)
+        where = "" if plan.launcher.name == "local" else f" on {plan.launcher.name} ({plan.log_dir / PLACEMENT})"
+        print(f"run {cfg.run.name}: {len(plan.producers)} producer(s), learner x{cfg.learner.num_ranks}{where}; logs "
+              f"in {plan.log_dir}", flush=True)
         display.start()
         watch.run()
         wait_for_buffer_exit(plan, interrupts)
@@ -90,6 +98,7 @@ def run(cfg: Config, resume: bool = False) -> int:
         client.close()
         signals_before = interrupts.count
         stop_run(plan, lambda: interrupts.count > signals_before)
+        plan.launcher.close()
         release_weights(cfg)
         interrupts.restore()
     watch.read_tails()

@@ -1,7 +1,8 @@
 """Stage 1 of `reinforce-ada train`: plan the run. Nothing is started here.
 
 The plan is the run directory (config.toml, logs/, commands.sh, learner.token) and one Child per process with
-its exact command: the buffer, `producers.count` producers and the learner (under torchrun for several ranks).
+its exact command: the buffer, `producers.count` producers and the learner (under torchrun for several ranks),
+made by the launcher `run.launcher` names (launchers.py: on this machine, or on a Ray cluster's nodes).
 Every child reads the same resolved config.toml and is told only the router port; the control channel is the next
 port.
 
@@ -29,6 +30,7 @@ from pipeline.config.schema import DataConfig, EndpointsConfig, LearnerConfig, R
 from pipeline.export import latest_checkpoint
 from pipeline.models import TINY_DIR, resolve_model_path
 from pipeline.pretrained import CACHE, SMOLLM2, is_gguf
+from pipeline.supervisor.launchers import Launcher, make_launcher
 from pipeline.supervisor.procs import Child, write_commands
 from pipeline.transport import free_port_pair
 
@@ -42,6 +44,8 @@ class RunPlan:
     run_dir: Path
     children: list[Child]
     router_port: int
+    launcher: Launcher
+    host: str  # where clients reach the buffer (endpoints.host, or the buffer node's address: launchers.py)
 
     @property
     def log_dir(self) -> Path:
@@ -49,11 +53,11 @@ class RunPlan:
 
     @property
     def router_url(self) -> str:
-        return f"tcp://{self.cfg.endpoints.host}:{self.router_port}"
+        return f"tcp://{self.host}:{self.router_port}"
 
     @property
     def control_url(self) -> str:
-        return f"tcp://{self.cfg.endpoints.host}:{self.router_port + 1}"
+        return f"tcp://{self.host}:{self.router_port + 1}"
 
     def role(self, role: str) -> list[Child]:
         return [c for c in self.children if c.role == role]
@@ -76,26 +80,29 @@ def _python() -> list[str]:
 
 
 def plan_children(cfg: Config, cfg_path: Path, model_dir: str, log_dir: Path, router_port: int,
-                  resume: bool = False) -> list[Child]:
-    """The buffer, producers and learner of a run as Child objects (not started); with `resume`, the buffer and
-    the learner continue from the run's snapshot and checkpoint."""
-    connect = f"{cfg.endpoints.host}:{router_port}"
+                  resume: bool = False, launcher: Launcher | None = None) -> tuple[list[Child], str]:
+    """The buffer, producers and learner of a run as Child objects of `launcher` (not started), and the host the
+    clients are told; with `resume`, the buffer and the learner continue from the run's snapshot and checkpoint."""
+    launcher = launcher or Launcher()
     common = ["--config", str(cfg_path), "--model", model_dir, f"--{ROUTER_PORT}", str(router_port)]
     again = ["--resume"] if resume else []
-    children = [Child("buffer", "buffer", _python() + ["buffer"] + common + again, log_dir)]
+    buffer = launcher.child("buffer", "buffer", _python() + ["buffer"] + common + again, log_dir)
+    host = launcher.buffer_host(cfg, buffer)
+    connect = f"{host}:{router_port}"
+    children = [buffer]
     for i in range(cfg.producers.count):
         env = {"CUDA_VISIBLE_DEVICES": cfg.producers.devices[i]} if cfg.producers.devices else {}
-        children.append(Child(f"producer-{i}", "producer",
-                              _python() + ["producer", "--connect", connect, "--id", f"producer-{i}"] + common,
-                              log_dir, env))
+        children.append(launcher.child(f"producer-{i}", "producer",
+                                       _python() + ["producer", "--connect", connect, "--id", f"producer-{i}"] + common,
+                                       log_dir, env))
     learner_args = ["--connect", connect] + common + again
     if cfg.learner.num_ranks > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={cfg.learner.num_ranks}", "-m", "pipeline.consumer.main"] + learner_args
     else:
         cmd = _python() + ["learner"] + learner_args
-    children.append(Child("learner", "learner", cmd, log_dir))
-    return children
+    children.append(launcher.child("learner", "learner", cmd, log_dir))
+    return children, host
 
 
 def check_data_files(cfg: Config) -> None:
@@ -177,6 +184,7 @@ def plan_run(cfg: Config, resume: bool = False) -> RunPlan:
     if not cfg.endpoints.keys_dir:  # with keys, the learner's key holds the role
         create_token(learner_token_path(run_dir))
     router_port = cfg.endpoints.router_port or free_port_pair()
-    children = plan_children(cfg, cfg_path, model_dir, run_dir / "logs", router_port, resume)
+    launcher = make_launcher(cfg)  # `ray`: connects to the cluster (a ConfigError when there is none)
+    children, host = plan_children(cfg, cfg_path, model_dir, run_dir / "logs", router_port, resume, launcher)
     write_commands(run_dir / "commands.sh", children, os.getcwd())
-    return RunPlan(cfg, run_dir, children, router_port)
+    return RunPlan(cfg, run_dir, children, router_port, launcher, host)

@@ -35,11 +35,13 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 class Child:
     """One supervised process."""
 
-    def __init__(self, name: str, role: str, cmd: list[str], log_dir: Path, env: dict[str, str] | None = None):
+    def __init__(self, name: str, role: str, cmd: list[str], log_dir: Path, env: dict[str, str] | None = None,
+                 cwd: str | None = None):
         self.name = name
         self.role = role
         self.cmd = cmd
         self.env = env or {}
+        self.cwd = cwd  # None: the supervisor's own (a launcher that starts it elsewhere passes the run's)
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
@@ -63,7 +65,7 @@ class Child:
         log.write(START_MARK + f"{time.strftime('%H:%M:%S')} start: {self.command_line()}\n".encode())
         log.flush()
         self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, preexec_fn=_die_with_parent)
+                                     env=env, cwd=self.cwd, preexec_fn=_die_with_parent)
         log.close()
         self.started_at = time.monotonic()
 

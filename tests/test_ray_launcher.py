@@ -1,0 +1,129 @@
+"""`run.launcher = "ray"` on a real two-node Ray cluster on loopback (`ray start --head` and a second `ray start
+--address`, each node with its own custom resource so that placement is visible): the tiny config trains with the
+buffer and the learner on one node and the producers on the other; a producer's process killed mid-run, and a
+producer's actor killed (what losing its node looks like to the supervisor), are both replaced, and the run
+finishes with its steps and its final evaluation."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).parents[1]
+RAY = str(Path(sys.executable).parent / "ray")
+NODE_ARGS = ["--node-ip-address", "127.0.0.1", "--num-cpus", "4", "--object-store-memory", str(80 << 20),
+             "--disable-usage-stats"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_ids(address: str) -> dict[str, str]:
+    """{custom resource: node id} of the cluster, asked by a short-lived driver."""
+    code = (f"import json, ray; ray.init(address={address!r}, logging_level='ERROR'); "
+            "print(json.dumps({r: n['NodeID'] for n in ray.nodes() if n['Alive'] for r in n['Resources'] "
+            "if r.startswith('node_')}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two Ray nodes on this machine; `ray stop` ends them (and any other Ray node of this machine's user)."""
+    port = _free_port()
+    temp = tempfile.mkdtemp(prefix="ra-", dir="/tmp")  # short: Ray's socket paths live under it
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    address = f"127.0.0.1:{port}"
+    try:
+        subprocess.run([RAY, "start", "--head", "--port", str(port), "--include-dashboard=false", "--temp-dir", temp,
+                        "--resources", '{"node_a": 1}', *NODE_ARGS], env=env, check=True, capture_output=True,
+                       timeout=180)
+        subprocess.run([RAY, "start", "--address", address, "--resources", '{"node_b": 1}', *NODE_ARGS], env=env,
+                       check=True, capture_output=True, timeout=180)
+        yield address, _node_ids(address)
+    finally:
+        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def _placement(run: Path) -> dict:
+    path = run / "logs" / "placement.json"
+    return json.loads(path.read_text())["children"] if path.is_file() else {}
+
+
+def _steps(run: Path) -> int:
+    path = run / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def _wait(cond, proc, what: str, timeout_s: float = 300) -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():
+        assert proc.poll() is None, f"train exited while waiting for {what}:\n{proc.stdout.read()[-4000:]}"
+        assert time.monotonic() < end, f"no {what} within {timeout_s} s"
+        time.sleep(0.5)
+
+
+def test_a_run_on_two_ray_nodes_places_by_resource_and_survives_kills(cluster, tmp_path, tiny_model_dir):
+    address, nodes = cluster
+    run = tmp_path / "ray"
+    cmd = [sys.executable, "-m", "pipeline.cli", "train", "--config", str(REPO / "configs" / "tiny.toml"),
+           "--run.dir", str(tmp_path), "--run.name", "ray", "--run.launcher", "ray", "--run.ray_address", address,
+           "--run.ray_resources", "{buffer = {node_a = 0.1}, learner = {node_a = 0.1}, producer = {node_b = 0.1}}",
+           "--learner.num_steps", "10", "--learner.eval_every", "10", "--eval.num_problems", "40",
+           "--buffer.heartbeat_timeout_s", "5", "--endpoints.router_port", "0"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait(lambda: _steps(run) >= 2 and "learner" in _placement(run), proc, "2 steps")
+        placed = _placement(run)
+        assert {placed[n]["node"] for n in ("buffer", "learner")} == {nodes["node_a"]}, placed
+        assert {placed[n]["node"] for n in ("producer-0", "producer-1")} == {nodes["node_b"]}, placed
+        os.kill(placed["producer-0"]["pid"], signal.SIGKILL)  # the process dies; its actor reports the exit
+        _wait(lambda: _placement(run)["producer-0"]["restarts"] == 1, proc, "producer-0's restart")
+        steps = _steps(run)
+        os.kill(placed["producer-1"]["actor_pid"], signal.SIGKILL)  # the actor dies, as with its node
+        _wait(lambda: _placement(run)["producer-1"]["restarts"] == 1, proc, "producer-1's new actor")
+        _wait(lambda: _steps(run) > steps, proc, "a step after both kills")
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(120)
+    assert proc.returncode == 0, out[-4000:]
+    assert "producer-0 exited with code -9; restarting it" in out, out[-3000:]
+    assert "producer-1 exited with code -9; restarting it" in out, out[-3000:]
+    placed = _placement(run)
+    assert placed["producer-1"]["node"] == nodes["node_b"] and placed["producer-1"]["restarts"] == 1, placed
+    assert _steps(run) >= 10
+    final = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()][-1]
+    assert final["version"] >= 10 and 0.0 <= final["accuracy"] <= 1.0, final
+
+
+def test_no_cluster_is_a_config_error_that_says_how_to_start_one(tmp_path):
+    cmd = [sys.executable, "-m", "pipeline.cli", "train", "--run.dir", str(tmp_path), "--run.launcher", "ray",
+           "--run.ray_address", f"127.0.0.1:{_free_port()}"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "run.ray_address: no Ray cluster" in out.stderr and "ray start --head" in out.stderr, out.stderr
+
+
+def test_a_role_no_node_can_take_fails_the_run_naming_the_resource(cluster, tmp_path):
+    address, _ = cluster
+    cmd = [sys.executable, "-m", "pipeline.cli", "train", "--run.dir", str(tmp_path), "--run.launcher", "ray",
+           "--run.ray_address", address, "--run.ray_resources", "{buffer = {node_z = 1}}",
+           "--endpoints.router_port", "0"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "buffer: no node of the Ray cluster has what it reserves" in out.stderr and "node_z" in out.stderr, \
+        out.stderr
+    assert "node_b" in out.stderr, out.stderr  # what the nodes have
