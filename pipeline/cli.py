@@ -13,6 +13,8 @@ from pipeline.config import ConfigError, dumps_toml, load_config, reference_mark
 # subcommand -> (module with a `main(argv) -> int | None`, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("pipeline.supervisor.main", "launch buffer, producers and learner from one config (the default run)"),
+    "slurm": ("pipeline.supervisor.slurm", "write (--submit: and submit) an sbatch script for a run over --nodes N "
+                                           "of a Slurm allocation"),
     "buffer": ("pipeline.buffer.main", "run the rollout buffer service"),
     "producer": ("pipeline.producer.main", "run one vLLM producer: --connect HOST:PORT"),
     "learner": ("pipeline.consumer.main", "run the learner (under torchrun for several ranks): --connect HOST:PORT"),

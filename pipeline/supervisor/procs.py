@@ -162,3 +162,27 @@ def write_commands(path: Path, children: list[Child], cwd: str) -> None:
         lines += ["", f"# {child.name} ({child.role}); log: {child.log_path}", child.command_line()]
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o755)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pipeline.supervisor.procs NAME LOG_DIR -- CMD...`: run CMD as `train` runs a child (its own process
+    group, its log LOG_DIR/NAME.log, the whole group killed when the leader exits, so no orphaned engine keeps a
+    Slurm step alive), passing SIGTERM and SIGINT on to the leader. Exits with CMD's code (128 + N: signal N)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 4 or args[2] != "--":
+        print("usage: python -m pipeline.supervisor.procs NAME LOG_DIR -- CMD...", file=sys.stderr)
+        return 2
+    child = Child(args[0], args[0], args[3:], Path(args[1]))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: child.signal(signum))
+    child.start()
+    while (code := child.poll()) is None:
+        time.sleep(0.2)
+    child.kill_group()
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
