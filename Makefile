@@ -6,6 +6,9 @@ EXTRAS ?= cpu,deepspeed,dev
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell printf '%s' "$(EXTRAS)" | tr ',' '-')
 PYTEST_ARGS ?=
+# two pytest-xdist workers, a whole module each at a time (its fixtures built once), longest modules first
+# (tests/support/durations.py); PYTEST_XDIST="-p no:xdist" runs the suite in one process
+PYTEST_XDIST ?= -n 2 --dist loadfile
 
 .PHONY: install run test test-fast bench lint clean
 
@@ -29,10 +32,10 @@ run: install
 	$(PY) -m pipeline.cli train $(RUN_NAME) $(ARGS)
 
 test: install
-	$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 bench: install
 	$(PY) -m bench.run_all

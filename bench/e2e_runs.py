@@ -46,6 +46,7 @@ def train_args(run_dir: Path, name: str, strategy: Strategy, setting_overrides: 
     """The `reinforce-ada train` arguments of one run (after `python -m pipeline.cli`)."""
     return ["train", "--config", config, "--run.dir", str(run_dir), "--run.name", name, "--run.live", "false",
             "--run.seed", str(seed), "--learner.num_steps", str(steps), "--learner.eval_every", "0",
+            "--endpoints.router_port", "0",  # a free pair: runs beside another run or a test never collide
             "--weights.dir", weights_dir, "--weights.keep", str(steps + 1), *setting_overrides, *strategy.overrides]
 
 

@@ -9,6 +9,17 @@ import pytest
 TINY_MODEL_DIR = Path(__file__).resolve().parents[1] / ".cache" / "tiny-model"
 
 
+def pytest_collection_modifyitems(config, items):
+    """The longest modules first (tests/support/durations.py), each module's tests together and in file order:
+    `make test` hands whole modules to its two workers (`-n 2 --dist loadfile`), so the long multi-process
+    modules start at once and the short ones fill the gaps at the end."""
+    from tests.support.durations import load
+
+    seconds = load()
+    order = {path: i for i, path in enumerate(dict.fromkeys(item.nodeid.split("::")[0] for item in items))}
+    items.sort(key=lambda item: (-seconds.get(item.nodeid.split("::")[0], 0.0), order[item.nodeid.split("::")[0]]))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The tiny arithmetic model (seed 0), built once per checkout (~1-2 min on 2 cores) and then reused."""
