@@ -50,20 +50,20 @@ def test_outlook_is_a_distribution_and_matches_a_known_pass_rate():
 def test_est_asks_for_what_the_rule_needs_over_the_estimated_rate():
     est = Est(SamplingConfig(allocation="est"), make_exit_rule("balance"))
     even = History(pos=49, neg=49)  # with the Beta(1, 1) prior: p_hat = 50 / 100
-    assert est.round_size(state(), even, Prior()) == 4  # 2 / 0.5 positives and 2 / 0.5 negatives
+    assert est.next_round(state(), even, Prior()) == 4  # 2 / 0.5 positives and 2 / 0.5 negatives
     hard = History(pos=9, neg=89)  # p_hat = 10 / 100
-    assert est.round_size(state(), hard, Prior()) == 20
-    assert est.round_size(state(0, 28), hard, Prior()) == 4  # clipped to what is left of the 32-sample budget
-    assert est.round_size(state(2, 1), even, Prior()) == 2
+    assert est.next_round(state(), hard, Prior()) == 20
+    assert est.next_round(state(0, 28), hard, Prior()) == 4  # clipped to what is left of the 32-sample budget
+    assert est.next_round(state(2, 1), even, Prior()) == 2
 
 
 def test_min_cost_sizes_rounds_from_the_posterior_and_respects_the_budget():
     mc = MinCost(SamplingConfig(allocation="min_cost"), make_exit_rule("balance"))
-    sizes = {p: mc.round_size(state(), History(pos=200 * p, neg=200 * (1 - p)), Prior()) for p in (0.5, 0.2, 0.08)}
+    sizes = {p: mc.next_round(state(), History(pos=200 * p, neg=200 * (1 - p)), Prior()) for p in (0.5, 0.2, 0.08)}
     assert 4 <= sizes[0.5] < sizes[0.2] < sizes[0.08] <= 32
-    assert mc.round_size(state(0, 30), History(pos=1, neg=30), Prior()) <= 2
-    assert mc.round_size(state(1, 2), History(pos=50, neg=50), Prior()) >= 1
-    cheap_rounds = mc.round_size(state(), History(pos=40, neg=160), Prior(waste=1.0))
+    assert mc.next_round(state(0, 30), History(pos=1, neg=30), Prior()) <= 2
+    assert mc.next_round(state(1, 2), History(pos=50, neg=50), Prior()) >= 1
+    cheap_rounds = mc.next_round(state(), History(pos=40, neg=160), Prior(waste=1.0))
     assert cheap_rounds <= sizes[0.2]  # the more a cut sample costs, the smaller the round
 
 

@@ -41,8 +41,8 @@ def test_each_rule_matches_its_definition(pos, neg, n):
 
 def test_round_size_whole_rounds_and_advantages():
     sampling = SamplingConfig(round_size=8, group_size=4)
-    assert Balance().round_size(sampling) == Pos().round_size(sampling) == 8
-    assert Fixed().round_size(sampling) == 4  # GRPO: one round of exactly n
+    assert Balance().nominal_round(sampling) == Pos().nominal_round(sampling) == 8
+    assert Fixed().nominal_round(sampling) == 4  # GRPO: one round of exactly n
     assert Fixed.whole_rounds and not Balance.whole_rounds and not Pos.whole_rounds
     pool = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
     assert Balance().advantages(pool, [0, 1, 2, 4], False) == pool_advantages(pool, [0, 1, 2, 4], False)

@@ -104,7 +104,7 @@ class Driver:
             for a in s.request_work(producer, ev[2], self.now, max_samples=ev[3]):
                 budget = self.sampling.round_size * self.sampling.max_rounds
                 if self.sampling.allocation == "fixed":
-                    assert a.num_samples == s.round_size
+                    assert a.num_samples == s.rule.nominal_round(self.sampling)
                 else:
                     assert 1 <= a.num_samples <= budget
                 assert a.lease_s == self.buffer.lease_s and a.stream == (s.pools.exit_check != "round")

@@ -19,7 +19,7 @@ visit, kept by the Scheduler across epochs and restarts) and the population `Pri
   the rest of its budget is not worth spending.
 
 Invariants:
-- `round_size` is >= 1 and, for budgeted policies, at most the visit's remaining budget (so a visit never
+- `next_round` is >= 1 and, for budgeted policies, at most the visit's remaining budget (so a visit never
   draws more than M*N samples into its pool);
 - `admit` is True for an example never seen and for one deferred MAX_DEFERRALS times in a row: every example is
   tried at least once every MAX_DEFERRALS + 1 epochs;
@@ -78,7 +78,7 @@ class Allocation(ABC):
         return True
 
     @abstractmethod
-    def round_size(self, st: PromptState, hist: History, prior: Prior) -> int:
+    def next_round(self, st: PromptState, hist: History, prior: Prior) -> int:
         """Samples for `st`'s next round (`hist` already holds the samples of its pool)."""
 
     def exhausted(self, st: PromptState) -> bool:
@@ -111,8 +111,8 @@ class Fixed(Allocation):
 
     name = "fixed"
 
-    def round_size(self, st: PromptState, hist: History, prior: Prior) -> int:
-        return self.rule.round_size(self.sampling)
+    def next_round(self, st: PromptState, hist: History, prior: Prior) -> int:
+        return self.rule.nominal_round(self.sampling)
 
     def exhausted(self, st: PromptState) -> bool:
         return st.rounds_completed >= self.sampling.max_rounds
@@ -126,7 +126,7 @@ class Est(Allocation):
 
     name = "est"
 
-    def round_size(self, st: PromptState, hist: History, prior: Prior) -> int:
+    def next_round(self, st: PromptState, hist: History, prior: Prior) -> int:
         a, b = self.posterior(hist, prior)
         floor = 1.0 / (2 * self.budget)  # p_hat = 0 or 1 would ask for an infinite budget
         p = min(1.0 - floor, max(floor, a / (a + b)))
@@ -160,7 +160,7 @@ class MinCost(Allocation):
         samples = sum(j * p for j, p in enumerate(look.exit_at)) + look.unresolved * (len(look.exit_at) - 1)
         return look.useful - have >= floor * max(samples, 1.0)
 
-    def round_size(self, st: PromptState, hist: History, prior: Prior) -> int:
+    def next_round(self, st: PromptState, hist: History, prior: Prior) -> int:
         look = self.outlook(st, hist, prior)
         remaining = self.remaining(st)
         need_pos, need_neg = self.rule.needed(st.num_pos, st.num_neg, self.n)

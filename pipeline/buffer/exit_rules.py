@@ -39,12 +39,13 @@ class ExitRule(ABC):
     def config_errors(self, sampling: SamplingConfig) -> list[tuple[str, str]]:
         """(key, problem) for each sampling setting this rule cannot run with; [] when it can (the config's
         load-time check, so a bad combination fails before any process starts)."""
-        if self.round_size(sampling) * sampling.max_rounds < sampling.group_size:
+        if self.nominal_round(sampling) * sampling.max_rounds < sampling.group_size:
             return [("round_size", f"`round_size` * `max_rounds` must be >= `group_size` ({sampling.group_size})")]
         return []
 
-    def round_size(self, sampling: SamplingConfig) -> int:
-        """Samples per round: M (sampling.round_size) unless the rule fixes it."""
+    def nominal_round(self, sampling: SamplingConfig) -> int:
+        """The rule's round: M (the sampling.round_size setting) unless the rule fixes it; the allocation policy
+        sizes each actual round (Allocation.next_round)."""
         return sampling.round_size
 
     @abstractmethod
@@ -110,7 +111,7 @@ class Fixed(ExitRule):
     name = "fixed"
     whole_rounds = True
 
-    def round_size(self, sampling: SamplingConfig) -> int:
+    def nominal_round(self, sampling: SamplingConfig) -> int:
         return sampling.group_size
 
     def reached(self, num_pos: int, num_neg: int, n: int) -> bool:

@@ -98,9 +98,7 @@ class Scheduler:
         self.buffer = buffer
         self.batch_size = batch_size
         self.rule = make_exit_rule(sampling.exit_rule)
-        self.policy = make_allocation(sampling, self.rule)
-        # the rule's nominal round (M; n for "fixed"); the allocation policy sizes each actual round
-        self.round_size = self.rule.round_size(sampling)
+        self.policy = make_allocation(sampling, self.rule)  # it sizes each round (ExitRule.nominal_round: M)
         self.round_ids = RoundIds() if round_ids is None else round_ids
         self._prompts = prompts
         self._rng = random.Random(seed)
@@ -136,7 +134,7 @@ class Scheduler:
                 if not self._admission_open():
                     break
                 st = self._admit(now)
-            size = self.policy.round_size(st, self._history(st), self._prior())
+            size = self.policy.next_round(st, self._history(st), self._prior())
             if max_samples and out and samples + size > max_samples:
                 self.pools.queue(st)
                 break
