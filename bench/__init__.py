@@ -19,7 +19,7 @@ The paper's Table 2 in a cost model
 
 Sampling cost and allocation at paper scale, without a model
 - `sampling.py`: samples and rounds per useful group for each exit rule and schedule; `allocation.py`: the
-  allocation policies (fixed M, est, min_cost) and `allocation_report.py` (its goals and markdown);
+  allocation policies (uniform at M = 4, 8, 16, est, min_cost) and `allocation_report.py` (its goals and markdown);
   `sampling_sim.py` (simulated engines and learner around the real Scheduler), `population.py` (prompt pass rates
   over training, fitted to the paper's Fig. 5; shared with table2).
 

@@ -9,7 +9,7 @@ on the logit scale per epoch, above the selected population's own spread growth 
 so history is informative but not exact.
 
 Rows: round-synchronous GRPO and Ada (the reference: whole rounds, barriers, unresolved "keep"), streaming GRPO
-(fixed + keep), and streaming Ada-balance / Ada-pos under each allocation policy: `fixed` at M = 4, 8, 16 (M * N
+(fixed + keep), and streaming Ada-balance / Ada-pos under each allocation policy: `uniform` at M = 4, 8, 16 (M * N
 = 32 samples per visit), `est`, `min_cost` (at the default sampling.yield_floor, and at FLOORS: its trade-off
 between cost and the pass-rate coverage of trained groups), with per-sample exit ("prefix", the default), and
 today's whole-round exit ("round") and the length-biased "sample" exit for comparison. Also, per population, an

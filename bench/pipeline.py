@@ -39,7 +39,7 @@ WARMUP = 2  # steps left out (engine/learner start-up)
 TOKENS = 24  # completion tokens of a scripted sample (the buffer's sampling.max_new_tokens bounds them)
 ARMS = ("reference", 0, 1, 2)
 # the paper config's sampling semantics (configs/qwen2.5-math-1.5b.toml), which the reference loop has
-PAPER = ["--sampling.exit_rule", "balance", "--sampling.exit_check", "round", "--sampling.allocation", "fixed",
+PAPER = ["--sampling.exit_rule", "balance", "--sampling.exit_check", "round", "--sampling.allocation", "uniform",
          "--buffer.unresolved", "keep", "--buffer.downsample", "first"]
 GOALS = {0: 1.0, 1: 1.5}  # steps/s of the arm over the reference's, at least (issue #25)
 

@@ -68,7 +68,7 @@ class Strategy:
     streaming: bool
     unresolved: str = ""  # "" = the mode's default: "keep" round-sync (reference), "drop" streaming
     downsample: str = ""  # "" = the mode's default: "first" round-sync (reference), "freshest" streaming
-    allocation: str = "fixed"  # sampling.allocation
+    allocation: str = "uniform"  # sampling.allocation
     exit_check: str = "round"  # sampling.exit_check ("round": whole rounds, as before per-sample exit existed)
     round_size: int = 8  # M
     max_rounds: int = 4  # N
@@ -118,7 +118,7 @@ class _Sim:
         self.sched = Scheduler(self.sampling, strategy.buffer_config(), cfg.batch_size, prompts, seed=cfg.seed)
         self.M = self.sampling.group_size if strategy.exit_rule == "fixed" else self.sampling.round_size
         self.per_sample = strategy.streaming and self.sched.pools.exit_check != "round"
-        self.sized = strategy.allocation != "fixed"  # the policy sizes rounds: engines ask in samples
+        self.sized = strategy.allocation != "uniform"  # the policy sizes rounds: engines ask in samples
         self.rng = np.random.default_rng(cfg.seed + 1)
         self._u = self._z = self._v = np.zeros(0)
         self._pos = 0

@@ -28,7 +28,7 @@ def state(pos=0, neg=0):
 
 def test_registry_matches_the_config_choices():
     choices = literal_choices(fields(SamplingConfig)["allocation"].type)
-    assert ALLOCATIONS == choices == ("fixed", "est", "min_cost")
+    assert ALLOCATIONS == choices == ("uniform", "est", "min_cost")
     for name in ALLOCATIONS:
         assert make_allocation(SamplingConfig(allocation=name), make_exit_rule("balance")).name == name
 

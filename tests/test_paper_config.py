@@ -33,7 +33,7 @@ PAPER = [
     ("sampling.group_size", 4),  # [paper] sec. 3: "group size is set to be n = 4"; [script] n=4
     ("sampling.exit_rule", "balance"),  # [paper] Table 1: Reinforce-Ada-balance; [script] reinforce_ada_choice
     ("sampling.exit_check", "round"),  # [paper] Alg. 1 line 8 / sec. 2.2: "At the end of each round, we evaluate"
-    ("sampling.allocation", "fixed"),  # [paper] Alg. 1 line 6: M responses per active prompt; footnote 2: the
+    ("sampling.allocation", "uniform"),  # [paper] Alg. 1 line 6: M responses per active prompt; footnote 2: the
     #                                    proportional-allocation variant "did not yield clear performance gains"
     ("sampling.positive_threshold", 0.5),  # [code] reward > positive_threshold (0.7 there): math-verify rewards are
     #                                        0/1, so any threshold in [0, 1) splits them the same

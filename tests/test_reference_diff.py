@@ -5,7 +5,7 @@ each prompt's exit rule, round 2 for the rest, ... up to N rounds; prompts that 
 (zero-advantage if their pool is constant); each pool is downsampled keeping the earliest samples of each class;
 advantages use the whole pool's mean (GRPO, "fixed": one round of n and the group's own statistics).
 
-With downsample="first", unresolved="keep", max_staleness=0, allocation="fixed" and exit_check="round" the
+With downsample="first", unresolved="keep", max_staleness=0, allocation="uniform" and exit_check="round" the
 Scheduler must give the same groups on the same per-prompt reward streams (prompt i's k-th sample always gets
 reward stream[i][k]), whatever the order in which results arrive.
 
@@ -77,7 +77,7 @@ def scheduler_batches(streams, rule, n, m, max_rounds, normalize_std, batch, num
     """The same streams through the Scheduler, two producers, results submitted in a shuffled order (whole rounds;
     with exit_check="prefix", single samples of all rounds in flight, shuffled together)."""
     sampling = SamplingConfig(round_size=m, max_rounds=max_rounds, group_size=n, exit_rule=rule,
-                              positive_threshold=THRESHOLD, allocation="fixed", exit_check=exit_check)
+                              positive_threshold=THRESHOLD, allocation="uniform", exit_check=exit_check)
     buffer = BufferConfig(max_staleness=0, unresolved="keep", downsample="first", normalize_std=normalize_std)
     prompts = [(f"q{i}", str(i)) for i in range(5)]
     sched = Scheduler(sampling, buffer, batch, prompts, seed=order_seed)

@@ -33,7 +33,7 @@ def configs(draw):
     n = draw(st.integers(2, 4))
     max_rounds = draw(st.integers(1, 3))
     round_size = max(draw(st.integers(1, 4)), math.ceil(n / max_rounds))
-    allocation = "fixed" if rule == "fixed" else draw(st.sampled_from(["fixed", "est", "min_cost"]))
+    allocation = "uniform" if rule == "fixed" else draw(st.sampled_from(["uniform", "est", "min_cost"]))
     sampling = SamplingConfig(round_size=round_size, max_rounds=max_rounds, group_size=n, exit_rule=rule,
                               allocation=allocation, exit_check=draw(st.sampled_from(["prefix", "sample", "round"])))
     buffer = BufferConfig(
@@ -103,7 +103,7 @@ class Driver:
             producer = f"p{ev[1]}"
             for a in s.request_work(producer, ev[2], self.now, max_samples=ev[3]):
                 budget = self.sampling.round_size * self.sampling.max_rounds
-                if self.sampling.allocation == "fixed":
+                if self.sampling.allocation == "uniform":
                     assert a.num_samples == s.rule.nominal_round(self.sampling)
                 else:
                     assert 1 <= a.num_samples <= budget

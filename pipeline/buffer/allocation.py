@@ -5,7 +5,7 @@ visit's budget is spent. `sampling.allocation` picks one; a new policy is a subc
 A policy is pure: it reads the prompt's pool (a `PromptState`), the example's `History` (every sample of every
 visit, kept by the Scheduler across epochs and restarts) and the population `Prior`, and never changes them.
 
-- `fixed`: today's Reinforce-Ada: rounds of M samples (n under the "fixed" rule), at most N rounds.
+- `uniform`: the paper's Reinforce-Ada: rounds of M samples (n under the "fixed" exit rule), at most N rounds.
 - `est`: the authors' estimation-based variant: a Beta posterior on the pass rate p from every sample of every
   visit; each round asks for about what the exit rule still needs at p_hat (n/2 positives take n/2 / p_hat
   samples), clipped to the visit's remaining budget of M*N samples.
@@ -23,7 +23,7 @@ Invariants:
   draws more than M*N samples into its pool);
 - `admit` is True for an example never seen and for one deferred MAX_DEFERRALS times in a row: every example is
   tried at least once every MAX_DEFERRALS + 1 epochs;
-- `fixed` decides exactly as the Scheduler did before policies existed (tests/test_reference_diff.py).
+- `uniform` decides exactly as the Scheduler did before policies existed (tests/test_reference_diff.py).
 """
 
 from __future__ import annotations
@@ -106,10 +106,10 @@ class Allocation(ABC):
         return outlook(a, b, pos, neg, max(0, self.budget - drawn), self.rule, self.n)
 
 
-class Fixed(Allocation):
-    """M samples per round (n under the "fixed" rule), at most N rounds: the paper's schedule."""
+class Uniform(Allocation):
+    """M samples per round (n under the "fixed" exit rule), at most N rounds: the paper's schedule."""
 
-    name = "fixed"
+    name = "uniform"
 
     def next_round(self, st: PromptState, hist: History, prior: Prior) -> int:
         return self.rule.nominal_round(self.sampling)
@@ -181,7 +181,7 @@ class MinCost(Allocation):
         return cost
 
 
-POLICIES: dict[str, type[Allocation]] = {cls.name: cls for cls in (Fixed, Est, MinCost)}
+POLICIES: dict[str, type[Allocation]] = {cls.name: cls for cls in (Uniform, Est, MinCost)}
 ALLOCATIONS = tuple(POLICIES)
 
 

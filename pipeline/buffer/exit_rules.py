@@ -125,8 +125,8 @@ class Fixed(ExitRule):
         return logic.group_advantages([pool_rewards[i] for i in kept], normalize_std)
 
     def config_errors(self, sampling: SamplingConfig) -> list[tuple[str, str]]:
-        if sampling.allocation != "fixed":
-            return [("allocation", 'must be "fixed" with `exit_rule` = "fixed" (GRPO draws one round of n samples)')]
+        if sampling.allocation != "uniform":
+            return [("allocation", 'must be "uniform" with `exit_rule` = "fixed" (GRPO draws one round of n samples)')]
         return []
 
 

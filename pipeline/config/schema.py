@@ -125,11 +125,11 @@ class SamplingConfig(Section):
     top_p: Annotated[float, Meta(gt=0, le=1, description="nucleus sampling; < 1 renormalises the engine's "
                                                          "log-probs, not the learner's: keep 1")] = 1.0
     max_new_tokens: Annotated[int, Meta(ge=1, description="completion tokens per sample at most")] = 2048
-    allocation: Annotated[Literal["fixed", "est", "min_cost"], Meta(description=(
-        'how many samples a prompt\'s next round gets, and whether to admit it: "fixed" (M per round, N rounds), '
+    allocation: Annotated[Literal["uniform", "est", "min_cost"], Meta(description=(
+        'how many samples a prompt\'s next round gets, and whether to admit it: "uniform" (M per round, N rounds), '
         '"est" (about 1/pass-rate estimate, from a Beta posterior over every visit), "min_cost" (the round size '
         'that minimises expected aborted samples plus rounds under the posterior; defers prompts unlikely to '
-        'resolve); "est" and "min_cost" spend at most M*N samples per visit'))] = "fixed"
+        'resolve); "est" and "min_cost" spend at most M*N samples per visit'))] = "uniform"
     exit_check: Annotated[Literal["prefix", "sample", "round"], Meta(description=(
         'when the exit rule is checked: "prefix" (after every sample, on the finished samples in issue order: '
         'no length bias), "sample" (after every sample as they finish: exits soonest, favours short samples), '
