@@ -157,7 +157,7 @@ def checkpoint_state(ckpt: Path) -> dict[str, torch.Tensor]:
     tied duplicates dropped."""
     import torch
 
-    from pipeline.consumer.backends.common import to_publish
+    from pipeline.weights.state import to_publish
 
     if (ckpt / "torch_state.pt").is_file():
         state = torch.load(ckpt / "torch_state.pt", map_location="cpu", weights_only=True)["model"]

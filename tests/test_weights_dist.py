@@ -112,10 +112,10 @@ def _unmixed(published: dict, results: list[P.RoundResult]) -> str:
 
 
 def test_dist_producers_match_the_learner_and_survive_a_kill_mid_broadcast(realistic_model_dir, tmp_path):
-    from pipeline.consumer.backends.common import to_publish
     from pipeline.consumer.model import load_model
     from pipeline.testing.realistic_model import write_problems
     from pipeline.weights.dist import DistPublisher
+    from pipeline.weights.state import to_publish
 
     problems = [json.loads(line)["problem"] for line in
                 write_problems(tmp_path / "p.jsonl", 8, seed=1).read_text().splitlines()]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-import torch
 import torch.distributed as dist
 
 BETAS = (0.9, 0.999)  # AdamW betas (LearnerConfig has none yet)
@@ -26,27 +25,3 @@ def setup_dist(backend_name: str) -> tuple[int, int, int]:
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))
     return 0, 1, 0
-
-
-def dedup_tied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Drop the second name of a tied tensor (safetensors refuses shared storage; vLLM re-ties on load)."""
-    out, seen = {}, {}
-    for name, t in state.items():
-        key = (t.data_ptr(), t.shape, t.dtype) if t.numel() else None
-        if key is not None and key in seen:
-            continue
-        seen[key] = name
-        out[name] = t
-    return out
-
-
-def to_publish(state: dict[str, torch.Tensor], prefix: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """`state` without `prefix` in its names, tied duplicates dropped, as contiguous CPU tensors in `dtype`
-    (integer tensors keep theirs)."""
-    out = {}
-    for name, t in state.items():
-        name = name[len(prefix):] if name.startswith(prefix) else name
-        out[name] = t.detach()
-    out = dedup_tied(out)
-    return {k: v.to(device="cpu", dtype=dtype if v.is_floating_point() else v.dtype).contiguous()
-            for k, v in out.items()}

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from pipeline.consumer.backends.common import BETAS, EPS, lr_lambda, to_publish
+from pipeline.consumer.backends.common import BETAS, EPS, lr_lambda
 from pipeline.transport import free_port
+from pipeline.weights.state import to_publish
 
 if not torch.cuda.is_available():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed picks its accelerator when first imported

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from pipeline.consumer.backends.common import BETAS, EPS, lr_lambda, setup_dist, to_publish
+from pipeline.consumer.backends.common import BETAS, EPS, lr_lambda, setup_dist
+from pipeline.weights.state import to_publish
 
 if TYPE_CHECKING:
     from pipeline.config import Config
