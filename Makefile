@@ -6,9 +6,9 @@ EXTRAS ?= cpu,deepspeed,dev
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell printf '%s' "$(EXTRAS)" | tr ',' '-')
 PYTEST_ARGS ?=
-# two pytest-xdist workers, a whole module each at a time (its fixtures built once), longest modules first
-# (tests/support/durations.py); PYTEST_XDIST="-p no:xdist" runs the suite in one process
-PYTEST_XDIST ?= -n 2 --dist loadfile
+# two pytest-xdist workers, slow tests first (tests/conftest.py), an idle worker takes tests queued for the other;
+# PYTEST_XDIST="-p no:xdist" runs the suite in one process
+PYTEST_XDIST ?= -n 2 --dist worksteal
 
 .PHONY: install run test test-fast bench lint clean
 

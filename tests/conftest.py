@@ -10,14 +10,10 @@ TINY_MODEL_DIR = Path(__file__).resolve().parents[1] / ".cache" / "tiny-model"
 
 
 def pytest_collection_modifyitems(config, items):
-    """The longest modules first (tests/support/durations.py), each module's tests together and in file order:
-    `make test` hands whole modules to its two workers (`-n 2 --dist loadfile`), so the long multi-process
-    modules start at once and the short ones fill the gaps at the end."""
-    from tests.support.durations import load
-
-    seconds = load()
-    order = {path: i for i, path in enumerate(dict.fromkeys(item.nodeid.split("::")[0] for item in items))}
-    items.sort(key=lambda item: (-seconds.get(item.nodeid.split("::")[0], 0.0), order[item.nodeid.split("::")[0]]))
+    """Slow tests first, in file order, then the rest: with `make test`'s two workers (`-n 2 --dist worksteal`)
+    the long multi-process tests start at once and the many short ones fill the gaps at the end, instead of one
+    long test running alone while the other worker idles."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(scope="session")
