@@ -156,7 +156,6 @@ class Engine:
         self._rounds: dict[int, _Round] = {}
         self.weights_incomplete = False  # a dist transfer broke midway: paused until a full load
         self.on_sample_done: Callable[[], None] | None = None  # called when a sequence slot frees up
-        self.cpu = False  # on vLLM's CPU backend (shutdown need not wait for device memory to be released)
 
     @classmethod
     async def start(cls, model_path: str | os.PathLike, model_dtype: str, engine_cfg: EngineConfig,
@@ -176,7 +175,6 @@ class Engine:
         llm = AsyncLLM.from_engine_args(args)
         await llm.get_supported_tasks()  # cached from now on: `generate` then never suspends before registering
         engine = cls(llm, engine_cfg, sampling_cfg, seed)
-        engine.cpu = current_platform.is_cpu()
         # vLLM's import machinery keeps this frame alive; a local `llm` would outlive shutdown() and make
         # AsyncLLM.__del__ run at interpreter exit, where it fails noisily
         del llm
@@ -375,11 +373,13 @@ class Engine:
         if not self.is_dead:
             for rid in list(self._rounds):
                 await self.abort(rid)
+        from vllm.platforms import current_platform
+
         llm, self.llm = self.llm, None
         # Every round is aborted and nothing of the engine outlives it. vLLM's default waits 5 s for the engine
         # core to exit on its own before killing it (it lingers after its workers have gone); on a GPU that time
         # releases device memory, on the CPU there is none to release.
-        llm.shutdown(timeout=CPU_SHUTDOWN_S if self.cpu else None)
+        llm.shutdown(timeout=CPU_SHUTDOWN_S if current_platform.is_cpu() else None)
         # drop the last reference now: AsyncLLM.__del__ at interpreter exit would log a spurious TypeError
         del llm
 
