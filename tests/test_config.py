@@ -87,6 +87,10 @@ def test_overrides_both_forms():
         (["--producers.count", "1", "--producers.devices", '["0", "1"]'],
          "producers.devices: give one entry per producer (`producers.count` = 1) or none"),
         (["--producers.engine", "3"], "producers.engine: must be a table"),
+        (["--learner.num_nodes", "2", "--learner.num_ranks", "2"],
+         'learner.num_nodes: 2 nodes need run.launcher = "ray"'),
+        (["--learner.num_nodes", "2", "--learner.num_ranks", "3", "--run.launcher", "ray"],
+         "learner.num_nodes: must divide `learner.num_ranks` (3)"),
         (["--endpoints.control_port", "5556"], "endpoints.control_port: no longer a setting; it is always "
                                                "endpoints.router_port + 1"),
     ],

@@ -1,8 +1,8 @@
 """`run.launcher = "ray"` on a real two-node Ray cluster on loopback (`ray start --head` and a second `ray start
 --address`, each node with its own custom resource so that placement is visible): the tiny config trains with the
-buffer and the learner on one node and the producers on the other; a producer's process killed mid-run, and a
-producer's actor killed (what losing its node looks like to the supervisor), are both replaced, and the run
-finishes with its steps and its final evaluation."""
+buffer on one node, the producers on the other and the learner's two ranks on both (a torchrun on each node,
+`learner.num_nodes = 2`); a producer's process killed mid-run, and a producer's actor killed (what losing its node
+looks like to the supervisor), are both replaced, and the run finishes with its steps and its final evaluation."""
 
 import json
 import os
@@ -74,19 +74,23 @@ def _wait(cond, proc, what: str, timeout_s: float = 300) -> None:
         time.sleep(0.5)
 
 
-def test_a_run_on_two_ray_nodes_places_by_resource_and_survives_kills(cluster, tmp_path, tiny_model_dir):
+def test_a_run_on_two_ray_nodes_places_by_resource_spreads_the_learner_and_survives_kills(cluster, tmp_path,
+                                                                                        tiny_model_dir):
     address, nodes = cluster
     run = tmp_path / "ray"
     cmd = [sys.executable, "-m", "pipeline.cli", "train", "--config", str(REPO / "configs" / "tiny.toml"),
            "--run.dir", str(tmp_path), "--run.name", "ray", "--run.launcher", "ray", "--run.ray_address", address,
-           "--run.ray_resources", "{buffer = {node_a = 0.1}, learner = {node_a = 0.1}, producer = {node_b = 0.1}}",
-           "--learner.num_steps", "10", "--learner.eval_every", "10", "--eval.num_problems", "40",
+           "--run.ray_resources", "{buffer = {node_a = 0.1}, producer = {node_b = 0.1}}",
+           "--learner.num_nodes", "2", "--learner.num_ranks", "2", "--learner.num_steps", "10",
+           "--learner.checkpoint_every", "2", "--learner.eval_every", "10", "--eval.num_problems", "40",
            "--buffer.heartbeat_timeout_s", "5", "--endpoints.router_port", "0"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait(lambda: _steps(run) >= 2 and "learner" in _placement(run), proc, "2 steps")
         placed = _placement(run)
-        assert {placed[n]["node"] for n in ("buffer", "learner")} == {nodes["node_a"]}, placed
+        assert placed["buffer"]["node"] == nodes["node_a"], placed
+        assert sorted(n["node"] for n in placed["learner"]["nodes"]) == sorted(nodes.values()), placed  # one a node
+        assert all(n["pid"] for n in placed["learner"]["nodes"]), placed
         assert {placed[n]["node"] for n in ("producer-0", "producer-1")} == {nodes["node_b"]}, placed
         os.kill(placed["producer-0"]["pid"], signal.SIGKILL)  # the process dies; its actor reports the exit
         _wait(lambda: _placement(run)["producer-0"]["restarts"] == 1, proc, "producer-0's restart")
@@ -94,6 +98,9 @@ def test_a_run_on_two_ray_nodes_places_by_resource_and_survives_kills(cluster, t
         os.kill(placed["producer-1"]["actor_pid"], signal.SIGKILL)  # the actor dies, as with its node
         _wait(lambda: _placement(run)["producer-1"]["restarts"] == 1, proc, "producer-1's new actor")
         _wait(lambda: _steps(run) > steps, proc, "a step after both kills")
+        rank1 = next(n for n in _placement(run)["learner"]["nodes"] if n["node"] != placed["learner"]["node"])
+        os.kill(rank1["actor_pid"], signal.SIGKILL)  # the learner's second node is lost: the gang is placed anew
+        _wait(lambda: _placement(run)["learner"]["restarts"] == 1, proc, "the learner's restart on two nodes")
         out, _ = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
@@ -102,7 +109,10 @@ def test_a_run_on_two_ray_nodes_places_by_resource_and_survives_kills(cluster, t
     assert proc.returncode == 0, out[-4000:]
     assert "producer-0 exited with code -9; restarting it" in out, out[-3000:]
     assert "producer-1 exited with code -9; restarting it" in out, out[-3000:]
+    assert "learner exited with code -9; restarting it" in out, out[-3000:]
     placed = _placement(run)
+    assert sorted(n["node"] for n in placed["learner"]["nodes"]) == sorted(nodes.values()), placed
+    assert all(n["restarts"] == 1 for n in placed["learner"]["nodes"]), placed
     assert placed["producer-1"]["node"] == nodes["node_b"] and placed["producer-1"]["restarts"] == 1, placed
     assert _steps(run) >= 10
     final = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()][-1]
@@ -127,3 +137,14 @@ def test_a_role_no_node_can_take_fails_the_run_naming_the_resource(cluster, tmp_
     assert "buffer: no node of the Ray cluster has what it reserves" in out.stderr and "node_z" in out.stderr, \
         out.stderr
     assert "node_b" in out.stderr, out.stderr  # what the nodes have
+
+
+def test_a_learner_on_more_nodes_than_the_cluster_has_fails_the_run_at_once(cluster, tmp_path):
+    address, _ = cluster
+    cmd = [sys.executable, "-m", "pipeline.cli", "train", "--run.dir", str(tmp_path), "--run.launcher", "ray",
+           "--run.ray_address", address, "--learner.num_nodes", "3", "--learner.num_ranks", "3",
+           "--endpoints.router_port", "0"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "learner: fewer than 3 nodes of the Ray cluster have what it reserves" in out.stderr, out.stderr
+    assert not (tmp_path / "tiny" / "logs" / "buffer.log").exists()  # nothing was started

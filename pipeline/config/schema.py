@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from pipeline.config.base import Section, register_root
+from pipeline.config.base import Section, field_error, register_root
 
 
 class ModelConfig(Section):
@@ -194,7 +194,10 @@ class LearnerConfig(Section):
     backend: Annotated[Literal["torch", "deepspeed"], Meta(
         description="torch (one process or DDP) or DeepSpeed ZeRO")] = "torch"
     zero_stage: Annotated[int, Meta(ge=0, le=3, description="DeepSpeed ZeRO stage")] = 2
-    num_ranks: Annotated[int, Meta(ge=1, description="learner processes (torchrun --nproc-per-node)")] = 1
+    num_ranks: Annotated[int, Meta(ge=1, description="learner processes in all (torchrun, num_ranks / num_nodes "
+                                                     "per node)")] = 1
+    num_nodes: Annotated[int, Meta(ge=1, description="nodes the learner's ranks spread over, one torchrun each "
+                                                     "(> 1: run.launcher = \"ray\")")] = 1
     num_steps: Annotated[int, Meta(ge=1, description="learner steps (batches) before the run ends")] = 100
     checkpoint_every: Annotated[int, Meta(ge=0, description="steps between checkpoints (0 = only at the "
                                                             "end)")] = 50
@@ -211,6 +214,8 @@ class LearnerConfig(Section):
         self.require(self.tis_cap == 0 or self.tis_cap >= 1, "tis_cap", "must be >= 1, or 0 to turn it off")
         self.require(self.batch_prompts % self.mini_batches == 0, "mini_batches",
                      f"must divide `batch_prompts` ({self.batch_prompts})")
+        self.require(self.num_ranks % self.num_nodes == 0, "num_nodes",
+                     f"must divide `num_ranks` ({self.num_ranks}): every node runs as many ranks")
 
 
 class EngineConfig(Section):
@@ -367,6 +372,12 @@ class Config(Section):
     endpoints: EndpointsConfig = msgspec.field(default_factory=EndpointsConfig)
     run: RunConfig = msgspec.field(default_factory=RunConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+
+    def check(self) -> None:
+        if self.learner.num_nodes > 1 and self.run.launcher != "ray":
+            raise field_error(LearnerConfig, "num_nodes", f"{self.learner.num_nodes} nodes need run.launcher = "
+                              "\"ray\", which places a torchrun on each node (`reinforce-ada slurm` and \"local\" "
+                              "run the learner on one node; across nodes by hand: README, Across machines)")
 
     @property
     def run_dir(self) -> Path:

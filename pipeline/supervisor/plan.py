@@ -30,7 +30,7 @@ from pipeline.config.schema import DataConfig, EndpointsConfig, LearnerConfig, R
 from pipeline.export import latest_checkpoint
 from pipeline.models import TINY_DIR, resolve_model_path
 from pipeline.pretrained import CACHE, SMOLLM2, is_gguf
-from pipeline.supervisor.launchers import Launcher, make_launcher
+from pipeline.supervisor.launchers import Launcher, make_launcher, torchrun_command
 from pipeline.supervisor.procs import Child, write_commands
 from pipeline.transport import free_port_pair
 
@@ -96,11 +96,12 @@ def plan_children(cfg: Config, cfg_path: Path, model_dir: str, log_dir: Path, ro
                                        _python() + ["producer", "--connect", connect, "--id", f"producer-{i}"] + common,
                                        log_dir, env))
     learner_args = ["--connect", connect] + common + again
-    if cfg.learner.num_ranks > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={cfg.learner.num_ranks}", "-m", "pipeline.consumer.main"] + learner_args
-    else:
-        cmd = _python() + ["learner"] + learner_args
+    nodes, ranks = cfg.learner.num_nodes, cfg.learner.num_ranks
+    if nodes > 1:  # torchrun on each node; rank 0, the one that talks to the buffer, on the first
+        children.append(launcher.gang("learner", "learner", torchrun_command(learner_args, ranks // nodes, nodes),
+                                      log_dir, nodes))
+        return children, host
+    cmd = torchrun_command(learner_args, ranks) if ranks > 1 else _python() + ["learner"] + learner_args
     children.append(launcher.child("learner", "learner", cmd, log_dir))
     return children, host
 

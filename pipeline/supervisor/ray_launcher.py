@@ -60,6 +60,12 @@ class ProcessHost:
         return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address(),
                 "host_pid": os.getpid()}
 
+    def free_port(self) -> int:
+        """A TCP port free on this node now (the learner's rendezvous, when its rank 0 runs here)."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+
     def start(self, name: str, role: str, cmd: list[str], log_dir: str, env: dict[str, str], cwd: str) -> int:
         if not Path(cwd).is_dir():
             raise FileNotFoundError(f"{cwd} does not exist on this node: Ray nodes need the checkout at the same path")
@@ -102,6 +108,7 @@ class RayChild(Child):
         self.where: dict = {}
         self._pid: int | None = None
         self._lost: int | None = None  # NODE_LOST once the actor died, until the next start
+        self.scheduling: dict = {}  # extra actor options: a bundle of a placement group (RayGang)
 
     @property
     def pid(self) -> int | None:
@@ -125,15 +132,33 @@ class RayChild(Child):
             return None
 
     def start(self) -> None:
-        self._lost = None
         self.place()
+        self.start_process()
+        self.launcher.check_reach(self)
+
+    def start_process(self) -> None:
+        """Run `cmd` under the placed actor (whatever the actor ran before is killed first)."""
+        self._lost = None
         try:
             self._pid = ray.get(self.actor.start.remote(self.name, self.role, self.cmd, str(self.log_path.parent),
                                                         self.env, self.cwd), timeout=PLACE_S)
         except (RayActorError, GetTimeoutError, FileNotFoundError) as exc:
             raise RunFailed(f"{self.name} could not start on node {self.where.get('node_ip')}: {exc}") from exc
         self.started_at = time.monotonic()
-        self.launcher.check_reach(self)
+
+    def describe(self) -> dict:
+        """Where it runs, for placement.json."""
+        return {"node": self.where.get("node_id"), "node_ip": self.where.get("node_ip"), "pid": self.pid,
+                "actor_pid": self.where.get("host_pid"), "restarts": self.restarts}
+
+    def release(self) -> None:
+        """Kill the actor (after the process was stopped)."""
+        if self.actor is not None:
+            try:
+                ray.kill(self.actor)
+            except RayActorError:
+                pass
+            self.actor = None
 
     def poll(self) -> int | None:
         if self.actor is None:
@@ -187,17 +212,37 @@ class RayLauncher(Launcher):
         return {"num_cpus": res.pop("CPU", 1.0), "num_gpus": res.pop("GPU", 0.0), "resources": res,
                 "max_restarts": 0, "max_concurrency": 1}
 
-    def place(self, child: RayChild):
-        """A new ProcessHost for `child` on a node that offers its role's resources, and where that node is."""
-        options = self.options(child.role)
+    def need(self, role: str) -> dict[str, float]:
+        """What one process of `role` reserves on its node (Ray resource names, nothing of zero)."""
+        options = self.options(role)
         need = {"CPU": options["num_cpus"], "GPU": options["num_gpus"], **options["resources"]}
+        return {k: v for k, v in need.items() if v > 0}
+
+    def check_nodes(self, child: RayChild, need: dict[str, float], count: int) -> None:
+        """A RunFailed at once when fewer than `count` live nodes each offer `need` in all (busy or not)."""
         nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
-        if not any(all(res.get(k, 0.0) >= v for k, v in need.items() if v > 0) for res in nodes):
-            raise RunFailed(f"{child.name}: no node of the Ray cluster has what it reserves ({need}; the nodes have "
+        if sum(all(res.get(k, 0.0) >= v for k, v in need.items()) for res in nodes) < count:
+            where = "no node" if count == 1 else f"fewer than {count} nodes"
+            raise RunFailed(f"{child.name}: {where} of the Ray cluster {'has' if count == 1 else 'have'} what it "
+                            f"reserves ({need}{' on each' if count > 1 else ''}; the nodes have "
                             f"{[{k: v for k, v in res.items() if not k.startswith('node:')} for res in nodes]}): add "
                             f"a node or resources (`ray start --resources ...`), or change "
                             f"run.ray_resources.{child.role}")
-        actor = self.host_class.options(name=f"{child.name}-{os.getpid()}-{child.restarts}", **options).remote()
+
+    def gang(self, name: str, role: str, cmd: list[str], log_dir: Path, nodes: int) -> Child:
+        from pipeline.supervisor.ray_gang import RayGang
+
+        child = RayGang(self, name, role, cmd, log_dir, nodes)
+        self.check_nodes(child, self.need(role), nodes)  # at once, not when the learner starts
+        self.children.append(child)
+        return child
+
+    def place(self, child: RayChild):
+        """A new ProcessHost for `child` on a node that offers its role's resources, and where that node is."""
+        options, need = self.options(child.role), self.need(child.role)
+        self.check_nodes(child, need, 1)
+        actor = self.host_class.options(name=f"{child.name}-{os.getpid()}-{child.restarts}", **options,
+                                        **child.scheduling).remote()
         try:
             where = ray.get(actor.where.remote(), timeout=PLACE_S)
         except GetTimeoutError:
@@ -229,17 +274,11 @@ class RayLauncher(Launcher):
         for c in children:
             if isinstance(c, RayChild):
                 opts = self.options(c.role)
-                out[c.name] = {"node": c.where.get("node_id"), "node_ip": c.where.get("node_ip"), "pid": c.pid,
-                               "actor_pid": c.where.get("host_pid"), "restarts": c.restarts,
+                out[c.name] = {**c.describe(),
                                "reserves": {"CPU": opts["num_cpus"], "GPU": opts["num_gpus"], **opts["resources"]}}
         return out
 
     def close(self) -> None:
         for child in self.children:
-            if child.actor is not None:
-                try:
-                    ray.kill(child.actor)
-                except RayActorError:
-                    pass
-                child.actor = None
+            child.release()
         ray.shutdown()
