@@ -8,14 +8,17 @@ never from a message:
   key and one key pair per role; `authorized/producer/` and `authorized/learner/` hold the public keys admitted in
   each role, and the ZAP handler (`RoleAuthenticator`) gives every connection the User-Id
   "<role>:<z85 public key>", which the buffer reads off each received frame;
-- on loopback without keys: the learner presents the run's secret token (`run_dir/learner.token`, mode 0600, made
-  by `reinforce-ada train`) as ZMTP handshake metadata (`TOKEN_PROPERTY`); every other connection is a producer.
-  Without a token file every local connection is trusted as the learner (a buffer started alone, as before).
+- on loopback without keys (parts started by hand: `reinforce-ada train` makes every run keys of its own, with a
+  key per producer): the learner presents the run's secret token (`run_dir/learner.token`, mode 0600, made by
+  `reinforce-ada keys --learner-token`) as ZMTP handshake metadata (`TOKEN_PROPERTY`); every other connection is a
+  producer. Without a token file every local connection is trusted as the learner (a buffer started alone).
 
 Key directory layout (`make_keys`):
     server.key, server.key_secret          the buffer's pair (the public half goes to every machine)
     producer.key, producer.key_secret      the producers' pair (producer machines)
     learner.key, learner.key_secret        the learner's pair (the learner's machine only)
+    NAME.key, NAME.key_secret              with `make_keys(dir, producers)`: producer NAME's own pair, in place of
+                                           the shared producer pair (a run's own keys)
     authorized/producer/*.key              public keys admitted as producers
     authorized/learner/*.key               public keys admitted as the learner
 
@@ -46,6 +49,7 @@ OLD_CLIENT_KEY = "client"  # the layout before roles: one client key for every r
 TOKEN_FILE = "learner.token"
 TOKEN_PROPERTY = "X-Learner-Token"  # ZMTP metadata property that carries the token (ZMQ_METADATA)
 _TOKEN_RE = re.compile(r"[0-9a-f]{32,128}")
+_KEY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # a client's own key file name (its producer id)
 MAKE_KEYS = "reinforce-ada keys --out KEYS_DIR"
 
 
@@ -56,16 +60,22 @@ class SecurityError(ValueError):
 # ---------------------------------------------------------------- CurveZMQ keys
 
 
-def make_keys(keys_dir: str | os.PathLike) -> Path:
-    """Create the server pair and one pair per role under `keys_dir`, each public key admitted in its role."""
+def make_keys(keys_dir: str | os.PathLike, producers: tuple[str, ...] | list[str] = ()) -> Path:
+    """Create the server pair and one pair per role under `keys_dir`, each public key admitted in its role. With
+    `producers` (their --id names), each of them gets a pair of its own instead of the one producer pair (a
+    producer presents `<id>.key_secret` when there is one, see `client_key_name`), so that each is one client."""
     root = Path(keys_dir)
+    bad = [p for p in producers if not _KEY_NAME_RE.fullmatch(p) or p in (SERVER_KEY, LEARNER)]
+    if bad:
+        raise SecurityError(f"producer names {bad} cannot name key files: use letters, digits, '.', '_' and '-'")
+    clients = {LEARNER: [LEARNER], PRODUCER: list(producers) or [PRODUCER]}
     if (root / f"{OLD_CLIENT_KEY}.key_secret").exists() or (root / "authorized" / f"{OLD_CLIENT_KEY}.key").exists():
         raise SecurityError(f"{root} holds keys of the old layout (one client key for every role): make the new "
                             "keys in an empty directory and replace the old one on every machine")
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     umask = os.umask(0o077)  # a secret key is never readable by others, not even between its write and a chmod
     try:
-        for name in (SERVER_KEY, *ROLES):
+        for name in (SERVER_KEY, *clients[LEARNER], *clients[PRODUCER]):
             zmq.auth.create_certificates(root, name)
             (root / f"{name}.key").chmod(0o644)
     finally:
@@ -73,8 +83,24 @@ def make_keys(keys_dir: str | os.PathLike) -> Path:
     for role in ROLES:
         admitted = root / "authorized" / role
         admitted.mkdir(parents=True, exist_ok=True)
-        shutil.copy(root / f"{role}.key", admitted / f"{role}.key")
+        for name in clients[role]:
+            shutil.copy(root / f"{name}.key", admitted / f"{name}.key")
     return root
+
+
+def supervisor_role(keys_dir: str | os.PathLike) -> str:
+    """The role `train`'s supervisor asks for metrics in: the learner's, whose key it holds on the learner's machine
+    (a run's own keys have no shared producer key), else a producer's."""
+    return LEARNER if keys_dir and (Path(keys_dir) / f"{LEARNER}.key_secret").is_file() else PRODUCER
+
+
+def client_key_name(keys_dir: str | os.PathLike, role: str, identity: str = "") -> str:
+    """The key pair a client presents: a producer's own (`<its id>.key_secret`) when `keys_dir` has one, else its
+    role's."""
+    if role == PRODUCER and _KEY_NAME_RE.fullmatch(identity) and identity not in (SERVER_KEY, LEARNER) and \
+            (Path(keys_dir) / f"{identity}.key_secret").is_file():
+        return identity
+    return role
 
 
 def _old_layout(root: Path) -> SecurityError:

@@ -48,6 +48,7 @@ from pipeline.auth import (
     RoleAuthenticator,
     SecurityError,
     authorized_keys,
+    client_key_name,
     learner_token_path,
     load_pair,
     make_keys,
@@ -130,11 +131,12 @@ class ServerSecurity:
             self._auth = None
 
 
-def apply_client_keys(sock: zmq.Socket, keys_dir: str, role: str = PRODUCER) -> None:
-    """The key pair of `role` and the server's public key, when `keys_dir` is set."""
+def apply_client_keys(sock: zmq.Socket, keys_dir: str, role: str = PRODUCER, identity: str = "") -> None:
+    """The key pair of `role` (a producer's own, by its identity, where keys_dir has one) and the server's public
+    key, when `keys_dir` is set."""
     if not keys_dir:
         return
-    public, secret = load_pair(keys_dir, role)
+    public, secret = load_pair(keys_dir, client_key_name(keys_dir, role, identity))
     sock.curve_secretkey = secret
     sock.curve_publickey = public
     sock.curve_serverkey = server_public_key(keys_dir)
@@ -201,7 +203,7 @@ def _setup_dealer(router: zmq.Socket, identity: str, keys_dir: str, role: str = 
     # a restarted buffer must not receive a flood of requests queued while it was down
     router.setsockopt(zmq.SNDHWM, 10_000)
     apply_keepalive(router)
-    apply_client_keys(router, keys_dir, role)
+    apply_client_keys(router, keys_dir, role, identity.split("~")[0])  # the name before a reconnect's suffix
 
 
 def _setup_client(router: zmq.Socket, control: zmq.Socket, identity: str, keys_dir: str, role: str = PRODUCER,
@@ -212,7 +214,7 @@ def _setup_client(router: zmq.Socket, control: zmq.Socket, identity: str, keys_d
     control.setsockopt(zmq.RECONNECT_IVL, 100)
     control.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
     apply_keepalive(control)
-    apply_client_keys(control, keys_dir, role)
+    apply_client_keys(control, keys_dir, role, identity.split("~")[0])
 
 
 class _HandshakeWatch:

@@ -286,21 +286,74 @@ def test_prompt_tokens_are_the_buffers_own_and_token_ids_are_bounded_by_the_toke
     assert "token ids checked against vocab_size 99" in (tmp_path / "buffer.log").read_text()
 
 
-def test_the_run_directory_is_private(tmp_path):
-    """It holds the learner token (0600), checkpoints (weights), logs and samples: mode 0700, also when reused."""
-    import stat
-
+def _plan(tmp_path: Path, *overrides: str):
+    """`reinforce-ada train`'s plan of a run (its directory, config and keys; nothing started)."""
     from pipeline.supervisor.plan import plan_run
 
     model = tmp_path / "model"
-    model.mkdir()
+    model.mkdir(exist_ok=True)
     (model / "config.json").write_text(json.dumps({"vocab_size": 32}))
+    cfg = load_config(None, ["--run.dir", str(tmp_path / "runs"), "--model.path", str(model),
+                             "--endpoints.router_port", "0", *overrides])
+    return plan_run(cfg)
+
+
+def test_the_run_directory_and_its_keys_are_private(tmp_path):
+    """It holds the run's keys, checkpoints (weights), logs and samples: mode 0700, also when reused; every secret
+    key 0600, and the run's config names the keys, so every child (restarted or resumed too) uses them."""
+    import stat
+
     for reuse in (False, True):
         run_dir = tmp_path / "runs" / "tiny"
         if reuse:
             run_dir.chmod(0o755)
-        cfg = load_config(None, ["--run.dir", str(tmp_path / "runs"), "--model.path", str(model),
-                                 "--endpoints.router_port", "0"])
-        plan = plan_run(cfg)
+        plan = _plan(tmp_path, "--producers.count", "2")
         assert stat.S_IMODE(plan.run_dir.stat().st_mode) == 0o700
-        assert stat.S_IMODE(learner_token_path(plan.run_dir).stat().st_mode) == 0o600
+        keys = plan.run_dir / "keys"
+        assert stat.S_IMODE(keys.stat().st_mode) == 0o700
+        secrets_ = sorted(p.name for p in keys.glob("*.key_secret"))
+        assert secrets_ == ["learner.key_secret", "producer-0.key_secret", "producer-1.key_secret",
+                            "server.key_secret"], secrets_
+        assert all(stat.S_IMODE((keys / n).stat().st_mode) == 0o600 for n in secrets_)
+        assert load_config(plan.run_dir / "config.toml").endpoints.keys_dir == str(keys.resolve())
+        assert not learner_token_path(plan.run_dir).exists()  # the learner's key holds its role
+
+
+def test_a_buffer_that_is_not_the_runs_gets_nothing_from_its_clients(tmp_path, procs):
+    """A process that takes the buffer's port while the run's buffer is down (a buffer without keys, or with keys
+    of its own) is believed by none of the run's clients: their handshake with it fails (the server key is not the
+    run's), so no work request or batch request of theirs is answered by it. The run's own buffer on the same keys
+    serves the same clients, each producer with a key of its own (one client each: a share of the window each)."""
+    from pipeline.auth import authorized_keys
+    from pipeline.transport import SecurityError
+
+    plan = _plan(tmp_path, "--producers.count", "2")
+    keys = plan.cfg.endpoints.keys_dir
+    assert sorted(authorized_keys(keys).values()) == [LEARNER, "producer", "producer"]
+    impostors = {"no keys": "", "keys of its own": str(make_keys(tmp_path / "other", ["producer-0"]))}
+    for what, impostor_keys in impostors.items():
+        (tmp_path / what.replace(" ", "-")).mkdir()
+        port, _, _ = _buffer(tmp_path / what.replace(" ", "-"), procs, keys_dir=impostor_keys)
+        for role, identity in (("producer", "producer-0"), (LEARNER, unique_identity("learner"))):
+            client = BufferClient(*_urls(port), identity, keys, role=role)
+            try:
+                msg = P.WorkRequest(identity, 4, 0) if role == "producer" else P.BatchRequest(identity, 0, 1, 1000)
+                try:
+                    reply = client.request(msg, P.Assignments if role == "producer" else P.Batch, 3.0)
+                except SecurityError as exc:  # no keys at all: the handshake fails at once
+                    assert what == "no keys" and "keys on one side only" in str(exc), (what, exc)
+                    reply = None
+                assert reply is None, (what, role, reply)
+            finally:
+                client.close()
+    (tmp_path / "run").mkdir()
+    port, buf, _ = _buffer(tmp_path / "run", procs, keys_dir=keys)
+    for name in ("producer-0", "producer-1"):
+        client = BufferClient(*_urls(port), name, keys)
+        try:
+            reply = client.request(P.WorkRequest(name, 64, 0), P.Assignments, 10.0)
+        finally:
+            client.close()
+        assert reply is not None and 0 < len(reply.rounds) <= 2 * BATCH // 2, (name, reply)  # a share each
+    send_shutdown(port, keys_dir=keys)
+    assert buf.wait(timeout=20) == 0

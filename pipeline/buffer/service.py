@@ -99,7 +99,8 @@ class BufferService:
             self.core.share_among(self.security.producer_keys)
         if self.roles.mode == "open":
             log.warning("no learner token at %s and no CurveZMQ keys: every local client may act as the learner "
-                        "(`reinforce-ada train` makes one; so does `reinforce-ada keys --learner-token PATH`)",
+                        "(`reinforce-ada train` gives each run keys instead; `reinforce-ada keys --learner-token "
+                        "PATH` makes one)",
                         learner_token_path(cfg.run_dir))
         self.router = self.ctx.socket(zmq.ROUTER)
         self.pub = self.ctx.socket(zmq.PUB)

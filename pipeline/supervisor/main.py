@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline.auth import supervisor_role
 from pipeline.config import Config, ConfigError, load_config
 from pipeline.rewards.base import check_reward_config
 from pipeline.supervisor.lifecycle import PLACEMENT, RunFailed, Watch, buffer_metrics, start_all, stop_run
@@ -78,7 +79,7 @@ def run(cfg: Config, resume: bool = False) -> int:
         return 1
     display = Display(RunState(cfg.run.name, cfg.learner.num_steps), sys.stdout.isatty() and cfg.run.live)
     client = BufferClient(plan.router_url, plan.control_url, unique_identity("supervisor"), cfg.endpoints.keys_dir,
-                          subscribe=False)  # metrics only
+                          role=supervisor_role(cfg.endpoints.keys_dir), subscribe=False)  # metrics only
     interrupts = Interrupts()
     watch = Watch(plan, display, lambda: buffer_metrics(client, 0.5), interrupts.pending)
     exit_code = 0

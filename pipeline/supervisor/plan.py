@@ -10,9 +10,13 @@ The run directory belongs to one run: a fresh start needs it empty or absent (`-
 first), and `--resume` continues the run it holds, starting the buffer and the learner with --resume (the buffer
 from its snapshot, the learner from its latest checkpoint) and producers fresh.
 
-Without CurveZMQ keys, each run gets a fresh learner token (run_dir/learner.token, mode 0600, see pipeline/auth.py):
-the buffer and the learner find it through the run directory, so it is never on a command line, and only the
-learner can take batches, announce weights or stop the buffer. Restarted children read the same file.
+Without endpoints.keys_dir, each run gets CurveZMQ keys of its own in run_dir/keys (the buffer's pair, the learner's
+and one per producer, secret halves 0600; see pipeline/auth.py), recorded as endpoints.keys_dir in its config.toml,
+where every child reads it, so no secret is on a command line. On loopback too, the buffer then proves itself to
+every client by its server key (a process that takes the buffer's ports while it restarts gets no client to talk
+to it), the learner's role is its key (only it can take batches, announce weights or stop the buffer), each producer
+is one client (its own key: fairness and the stop rule count per key), and a client without the run's keys gets
+nothing. Restarted and resumed children read the same keys.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.auth import create_token, learner_token_path
+from pipeline.auth import make_keys
 from pipeline.config import Config, ConfigError, dumps_toml, key_path
 from pipeline.config.schema import DataConfig, EndpointsConfig, LearnerConfig, RunConfig
 from pipeline.export import latest_checkpoint
@@ -35,6 +39,7 @@ from pipeline.supervisor.procs import Child, write_commands
 from pipeline.transport import free_port_pair
 
 ROUTER_PORT = key_path(EndpointsConfig, "router_port")
+KEYS = "keys"  # run_dir/KEYS: the run's own CurveZMQ keys when endpoints.keys_dir is not set
 RUN_MARKERS = ("config.toml", "metrics.jsonl", "checkpoints", "logs")  # what only a run directory holds
 
 
@@ -79,6 +84,11 @@ def _python() -> list[str]:
     return [sys.executable, "-m", "pipeline.cli"]
 
 
+def producer_ids(cfg: Config) -> list[str]:
+    """The --id of each producer the run starts (also the name of its own key, when the run makes its keys)."""
+    return [f"producer-{i}" for i in range(cfg.producers.count)]
+
+
 def plan_children(cfg: Config, cfg_path: Path, model_dir: str, log_dir: Path, router_port: int,
                   resume: bool = False, launcher: Launcher | None = None) -> tuple[list[Child], str]:
     """The buffer, producers and learner of a run as Child objects of `launcher` (not started), and the host the
@@ -90,10 +100,10 @@ def plan_children(cfg: Config, cfg_path: Path, model_dir: str, log_dir: Path, ro
     host = launcher.buffer_host(cfg, buffer)
     connect = f"{host}:{router_port}"
     children = [buffer]
-    for i in range(cfg.producers.count):
+    for i, name in enumerate(producer_ids(cfg)):
         env = {"CUDA_VISIBLE_DEVICES": cfg.producers.devices[i]} if cfg.producers.devices else {}
-        children.append(launcher.child(f"producer-{i}", "producer",
-                                       _python() + ["producer", "--connect", connect, "--id", f"producer-{i}"] + common,
+        children.append(launcher.child(name, "producer",
+                                       _python() + ["producer", "--connect", connect, "--id", name] + common,
                                        log_dir, env))
     learner_args = ["--connect", connect] + common + again
     nodes, ranks = cfg.learner.num_nodes, cfg.learner.num_ranks
@@ -180,10 +190,10 @@ def plan_run(cfg: Config, resume: bool = False) -> RunPlan:
     elif cfg.model.path == SMOLLM2 or is_gguf(cfg.model.path):
         print(f"preparing {cfg.model.path} (converted once into .cache/, about a minute)...", flush=True)
     model_dir = resolve_model_path(cfg)
+    if not cfg.endpoints.keys_dir:  # this run's own keys: see the module's docstring
+        cfg.endpoints.keys_dir = str(make_keys(run_dir / KEYS, producer_ids(cfg)).resolve())
     cfg_path = run_dir / "config.toml"
     cfg_path.write_text(dumps_toml(cfg))
-    if not cfg.endpoints.keys_dir:  # with keys, the learner's key holds the role
-        create_token(learner_token_path(run_dir))
     router_port = cfg.endpoints.router_port or free_port_pair()
     launcher = make_launcher(cfg)  # `ray`: connects to the cluster (a ConfigError when there is none)
     children, host = plan_children(cfg, cfg_path, model_dir, run_dir / "logs", router_port, resume, launcher)

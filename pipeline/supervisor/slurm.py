@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pipeline.config import Config, ConfigError, dumps_toml, load_config
 from pipeline.models import resolve_model_path
-from pipeline.supervisor.plan import ROUTER_PORT, check_data_files, prepare_run_dir
+from pipeline.supervisor.plan import KEYS, ROUTER_PORT, check_data_files, prepare_run_dir, producer_ids
 from pipeline.supervisor.restarts import POLICIES
 
 SCRIPT = "run.sbatch"
@@ -131,7 +131,7 @@ def write_run(cfg: Config, nodes: int, gpus_per_node: int, partition: str, time_
     run_dir = cfg.run_dir
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
-    keys_dir = cfg.endpoints.keys_dir or str(make_keys(run_dir / "keys").resolve())
+    keys_dir = cfg.endpoints.keys_dir or str(make_keys(run_dir / KEYS, producer_ids(cfg)).resolve())
     model_dir = str(Path(resolve_model_path(cfg)).resolve())
     cfg_path = run_dir / "config.toml"
     cfg_path.write_text(dumps_toml(cfg))

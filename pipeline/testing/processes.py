@@ -8,7 +8,7 @@ import sys
 import time
 
 from pipeline import protocol as P
-from pipeline.auth import LEARNER
+from pipeline.auth import LEARNER, supervisor_role
 from pipeline.transport import BufferClient
 
 
@@ -38,7 +38,8 @@ def start(cmd: list[str], log_path=None) -> subprocess.Popen:
 
 def buffer_metrics(port: int, timeout_s: float = 2.0, identity: str = "probe", keys_dir: str = "") -> dict | None:
     """The buffer's MetricsSnapshot at 127.0.0.1:port, or None when it does not answer within `timeout_s`."""
-    client = BufferClient(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}", identity, keys_dir)
+    client = BufferClient(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}", identity, keys_dir,
+                          role=supervisor_role(keys_dir))  # a run's own keys have no shared producer key
     try:
         snap = client.request(P.MetricsRequest(identity), P.MetricsSnapshot, timeout_s)
         return snap.metrics if snap is not None else None
