@@ -32,7 +32,6 @@ while it waits, dist_loader.py), and whoever holds the secret, i.e. every produc
 from __future__ import annotations
 
 import datetime
-import functools
 import json
 import logging
 import secrets
@@ -47,8 +46,7 @@ from torch.distributed import TCPStore
 from pipeline import protocol as P
 from pipeline.config import WeightsConfig
 from pipeline.weights.dist_group import WeightGroup, open_group
-from pipeline.weights.dist_plan import (REQUESTS, Bucket, Plan, Request, digest, group_prefix, layout, pack,
-                                         plan_key)
+from pipeline.weights.dist_plan import REQUESTS, Bucket, Plan, Request, digest, group_prefix, layout, pack, plan_key
 from pipeline.weights.dist_sign import new_secret, open_sealed, seal
 from pipeline.weights.uris import dist_uri
 
@@ -65,15 +63,17 @@ class _Version:
     version: int
     buckets: list[Bucket]
     data: list[torch.Tensor]
+    digests: list[str] | None = None
 
     @property
     def num_bytes(self) -> int:
         return sum(b.nbytes for b in self.buckets)
 
-    @functools.cached_property
-    def digests(self) -> list[str]:
+    def hashed(self) -> list[str]:
         """Each bucket's SHA-256 (computed once, by the sender thread: the learner never waits for it)."""
-        return [digest(buf) for buf in self.data]
+        if self.digests is None:
+            self.digests = [digest(buf) for buf in self.data]
+        return self.digests
 
 
 def resolve_backend(name: str, device: torch.device | None) -> str:
@@ -160,6 +160,10 @@ class DistPublisher:
                 self._collect()
                 latest = self._due()
                 if latest is None:
+                    with self._lock:
+                        newest = self._latest
+                    if newest is not None:
+                        newest.hashed()  # while nobody asks, not once they do
                     self._closed.wait(POLL_S)
                 else:
                     self._serve(latest)
@@ -232,7 +236,7 @@ class DistPublisher:
         for r in reqs:
             self._answer(r, Plan(self.session, self._gen, rank, world, latest.version, self.backend,
                                  self.host.strip("[]"), self.port, self.timeout_s, latest.buckets,
-                                 latest.digests).encode())
+                                 latest.hashed()).encode())
             self._old_keys.append(plan_key(r.member, r.seq))
             rank += r.workers
         t0 = time.perf_counter()

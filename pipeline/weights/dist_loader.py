@@ -60,32 +60,14 @@ class DistLoader:
         return time.perf_counter() - start
 
     def _ask(self, host: str, port: int, version: int, secret: bytes, cancelled: threading.Event) -> Plan:
-        """Queue a sealed request in the learner's store and wait for its plan (blocking: runs in a thread). A
-        value at the plan's key that is not sealed with `secret` is someone else's: it is skipped, and the wait
-        goes on for the learner's."""
+        """Queue a sealed request in the learner's store and wait for its plan (blocking: runs in a thread)."""
         try:
             store = self._connect(host, port)
             self._seq += 1
-            request = seal(secret, REQUESTS, Request(self.member, self._seq, version, self.engine.num_workers).encode())
-            key = plan_key(self.member, self._seq)
-            # the learner answers once the round's members asked (dist_wait_s) and its previous round is sent
-            deadline = time.monotonic() + self.wc.dist_wait_s + 2 * self.wc.dist_timeout_s
-            sent, forged = -RESEND_S, ""
-            while True:
-                if store.check([key]):
-                    try:
-                        raw = open_sealed(secret, key, store.get(key))
-                        break
-                    except ValueError as exc:
-                        forged = f"; refused a forged plan: {exc}"
-                if time.monotonic() - sent >= RESEND_S:  # again: anyone who reaches the store may have popped it
-                    store.queue_push(REQUESTS, request)
-                    sent = time.monotonic()
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the learner at {host}:{port} did not answer the request for weights "
-                                       f"version {version} in time{forged}")
-                if cancelled.wait(PLAN_POLL_S):
-                    raise TimeoutError("the weight request was cancelled")
+            request = Request(self.member, self._seq, version, self.engine.num_workers).encode()
+            raw = self._await_plan(store, plan_key(self.member, self._seq), seal(secret, REQUESTS, request), secret,
+                                   cancelled, f"the learner at {host}:{port} did not answer the request for weights "
+                                   f"version {version} in time")
         except Exception:
             self._store = None  # reconnect next time: the learner may have restarted
             raise
@@ -94,6 +76,27 @@ class DistLoader:
         if problem:
             raise ValueError(f"refusing the weight plan for version {version}: {problem}")
         return plan
+
+    def _await_plan(self, store: TCPStore, key: str, request: bytes, secret: bytes, cancelled: threading.Event,
+                    late: str) -> bytes:
+        """The learner's answer at `key`, sending `request` every RESEND_S meanwhile. A value there that is not
+        sealed with `secret` is someone else's: it is skipped, and the wait goes on for the learner's."""
+        # the learner answers once the round's members asked (dist_wait_s) and its previous round is sent
+        deadline = time.monotonic() + self.wc.dist_wait_s + 2 * self.wc.dist_timeout_s
+        sent, forged = -RESEND_S, ""
+        while True:
+            if store.check([key]):
+                try:
+                    return open_sealed(secret, key, store.get(key))
+                except ValueError as exc:
+                    forged = f"; refused a forged plan: {exc}"
+            if time.monotonic() - sent >= RESEND_S:  # again: anyone who reaches the store may have popped it
+                store.queue_push(REQUESTS, request)
+                sent = time.monotonic()
+            if time.monotonic() > deadline:
+                raise TimeoutError(late + forged)
+            if cancelled.wait(PLAN_POLL_S):
+                raise TimeoutError("the weight request was cancelled")
 
     def _plan_problem(self, plan: Plan, host: str, port: int, version: int) -> str:
         """Why a sealed plan does not fit this request ("" if it does)."""
