@@ -13,6 +13,7 @@ real gloo groups.
    rest are told the group is full.
 5. A sealed plan of a size the receiver's model cannot take is refused before a byte is allocated or a group
    joined.
+6. An announcement whose key is not the running learner's (from before a restart) fails at once.
 The secret is never in the store or the log.
 """
 
@@ -34,9 +35,9 @@ from pipeline.testing.weight_member import FakeEngine, FakeWorker
 from pipeline.weights.dist import DistPublisher
 from pipeline.weights.dist_group import open_group
 from pipeline.weights.dist_loader import DistLoader
-from pipeline.weights.dist_plan import REQUESTS, Plan, Request, digest, group_prefix, layout, pack, plan_key
+from pipeline.weights.dist_plan import LEARNER, REQUESTS, Plan, Request, digest, group_prefix, layout, pack, plan_key
 from pipeline.weights.dist_receive import receive
-from pipeline.weights.dist_sign import seal
+from pipeline.weights.dist_sign import new_secret, seal
 from pipeline.weights.uris import dist_uri
 
 OVERRIDES = ["--weights.transport", "dist", "--weights.dist_timeout_s", "3", "--weights.dist_wait_s", "1"]
@@ -148,6 +149,7 @@ def test_a_rogue_rank0_in_the_planned_group_cannot_put_its_bytes_into_the_model(
     """The group's rendezvous lies in the store, so a rogue can race rank 0 for it; here it has won: the member
     joins the rogue's rank 0 for a genuine sealed plan (the test plays the learner's answer)."""
     secret, learner = b"k" * 32, TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    learner.set(LEARNER, seal(secret, LEARNER, b"s"))
     state, evil = honest_state(), honest_state(-3.0)
     buckets = layout(state, 1 << 20)
     ann = P.WeightAnnouncement(1, dist_uri("127.0.0.1", learner.port, 1), 0, secret.hex())
@@ -240,6 +242,32 @@ def test_a_tensor_outside_its_bucket_is_refused():
     plan = Plan("s", 1, 1, 2, 1, "gloo", "127.0.0.1", 1, 3.0, buckets, ["0" * 64])
     with pytest.raises(ValueError, match="lies outside the bucket"):
         Plan.decode(plan.encode())
+
+
+def test_the_key_of_another_learner_process_fails_at_once(cfg):
+    """A producer that holds an announcement from before a learner restart (same port, another key) is told so at
+    once, instead of waiting out dist_wait_s + 2 dist_timeout_s for an answer to requests the learner refuses."""
+    pub = DistPublisher(cfg.weights)
+    try:
+        ann = pub.publish(honest_state(), 1)
+        stale = P.WeightAnnouncement(1, ann.uri, ann.num_bytes, new_secret().hex())
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="not the process that made this weight announcement"):
+            member_load(cfg, stale)
+        assert time.monotonic() - t0 < 2 and pub.stats()["weight_requests_refused"] == 0  # it did not even ask
+    finally:
+        pub.close()
+
+
+def test_a_deleted_learner_marker_is_written_again(cfg):
+    pub = DistPublisher(cfg.weights)
+    try:
+        rogue_store(pub.port).delete_key(LEARNER)  # every load would fail at once while it is gone
+        time.sleep(1.5)
+        state = honest_state()
+        assert _sums(member_load(cfg, pub.publish(state, 1))) == _sums(state)
+    finally:
+        pub.close()
 
 
 def test_a_loader_refuses_an_announcement_without_a_key(cfg):

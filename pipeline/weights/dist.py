@@ -46,7 +46,18 @@ from torch.distributed import TCPStore
 from pipeline import protocol as P
 from pipeline.config import WeightsConfig
 from pipeline.weights.dist_group import WeightGroup, open_group
-from pipeline.weights.dist_plan import REQUESTS, Bucket, Plan, Request, digest, group_prefix, layout, pack, plan_key
+from pipeline.weights.dist_plan import (
+    LEARNER,
+    REQUESTS,
+    Bucket,
+    Plan,
+    Request,
+    digest,
+    group_prefix,
+    layout,
+    pack,
+    plan_key,
+)
 from pipeline.weights.dist_sign import new_secret, open_sealed, seal
 from pipeline.weights.uris import dist_uri
 
@@ -55,6 +66,7 @@ log = logging.getLogger(__name__)
 POLL_S = 0.02  # how often the sender looks for requests
 GATHER_MIN_S = 0.2  # a round with no members to wait for still waits this long for producers asking together
 MAX_POPS = 1024  # requests read per poll: a flood of values in the queue cannot keep the thread from serving
+MARK_S = 1.0  # how often the LEARNER marker is written again
 ANSWERED_KEPT = 4096  # members whose last answered request is remembered (a re-sent request is not served twice)
 
 
@@ -105,6 +117,8 @@ class DistPublisher:
         self.store = TCPStore(self.host.strip("[]"), self.port, is_master=True, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=self.timeout_s),
                               master_listen_fd=self._sock.fileno())
+        self._marked = 0.0  # when the LEARNER marker was last written
+        self._mark()  # before any announcement can name this store
         self._lock = threading.Lock()
         self._latest: _Version | None = None
         self._waiting: dict[str, tuple[Request, float]] = {}  # member -> (its newest request, when it came)
@@ -157,6 +171,7 @@ class DistPublisher:
     def _run(self) -> None:
         while not self._closed.is_set():
             try:
+                self._mark()
                 self._collect()
                 latest = self._due()
                 if latest is None:
@@ -170,6 +185,13 @@ class DistPublisher:
             except Exception:  # noqa: BLE001 - the sender must outlive any one bad round
                 log.exception("weights: the sender thread hit an error; it goes on")
                 self._closed.wait(1.0)
+
+    def _mark(self) -> None:
+        """(Re)write the sealed LEARNER marker, at most every MARK_S: anyone may delete or overwrite it, and
+        without it every producer's load would fail at once."""
+        if time.monotonic() - self._marked >= MARK_S:
+            self.store.set(LEARNER, seal(self.secret, LEARNER, self.session.encode()))
+            self._marked = time.monotonic()
 
     def _collect(self) -> None:
         """Move the queued requests into `_waiting` (a member's newer request replaces its older one); drop those

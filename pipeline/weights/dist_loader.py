@@ -26,7 +26,7 @@ from torch.distributed import TCPStore
 
 from pipeline import protocol as P
 from pipeline.config import WeightsConfig
-from pipeline.weights.dist_plan import REQUESTS, Plan, Request, plan_key
+from pipeline.weights.dist_plan import LEARNER, REQUESTS, Plan, Request, plan_key
 from pipeline.weights.dist_sign import open_sealed, seal, secret_from_hex
 from pipeline.weights.uris import parse_dist_uri
 
@@ -63,6 +63,7 @@ class DistLoader:
         """Queue a sealed request in the learner's store and wait for its plan (blocking: runs in a thread)."""
         try:
             store = self._connect(host, port)
+            _check_learner(store, secret, f"{host}:{port}")
             self._seq += 1
             request = Request(self.member, self._seq, version, self.engine.num_workers).encode()
             raw = self._await_plan(store, plan_key(self.member, self._seq), seal(secret, REQUESTS, request), secret,
@@ -117,3 +118,13 @@ class DistLoader:
 
     def close(self) -> None:
         self._store = None
+
+
+def _check_learner(store: TCPStore, secret: bytes, address: str) -> None:
+    """Raise at once if the learner at `address` is not the process whose key this is (it restarted since this
+    announcement: its requests would be refused, and the wait would last until the time-out)."""
+    try:
+        open_sealed(secret, LEARNER, store.get(LEARNER) if store.check([LEARNER]) else b"")
+    except ValueError:
+        raise RuntimeError(f"the learner at {address} is not the process that made this weight announcement (it "
+                           "restarted, or someone rewrote its store); waiting for its next announcement") from None

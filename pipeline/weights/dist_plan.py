@@ -2,6 +2,8 @@
 layout of a version, and the plan a member receives for one broadcast. Pure data; no process group here.
 
 Store keys (all under `ra/`):
+    ra/learner                the learner process's session id (sealed): a member holding another process's key
+                              (an announcement from before a learner restart) learns so at once
     ra/requests               queue: a member asks for the newest version (JSON `Request`, sealed)
     ra/plan/<member>/<seq>    the learner's answer to request <seq> of <member> (JSON `Plan`, or {"error": ...},
                               sealed)
@@ -30,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+LEARNER = "ra/learner"
 REQUESTS = "ra/requests"
 ALIGN = 64
 # bounds on what a request or plan may say (a sealed one included): far beyond any real run, small enough that
