@@ -33,7 +33,9 @@ from pathlib import Path
 
 import torch
 
+from pipeline import protocol as P
 from pipeline.config import load_config
+from pipeline.testing.weight_member import request_line
 from pipeline.weights.dist import DistPublisher
 from pipeline.weights.file import iter_file, publish_weights
 
@@ -84,10 +86,10 @@ class Members:
                                         "--", *overrides], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        stderr=subprocess.DEVNULL, text=True, env=env) for i in range(count)]
 
-    def load(self, uri: str) -> float:
-        """Ask every member to load `uri`; the wall-clock time the last one finished."""
+    def load(self, ann: P.WeightAnnouncement) -> float:
+        """Ask every member to load `ann`; the wall-clock time the last one finished."""
         for p in self.procs:
-            p.stdin.write(uri + "\n")
+            p.stdin.write(request_line(ann))
             p.stdin.flush()
         done = []
         for p in self.procs:
@@ -112,7 +114,7 @@ def time_dist(pub: DistPublisher, members: Members, state: dict[str, torch.Tenso
     """(publish to the last receiver's copy, the broadcast alone) in seconds."""
     t0 = time.time()
     ann = pub.publish(state, version)
-    done = members.load(ann.uri)
+    done = members.load(ann)
     return done - t0, pub.stats()["weight_broadcast_seconds"]
 
 

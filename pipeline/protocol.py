@@ -88,11 +88,15 @@ class RoundAssignment(_Msg):
 
 class WeightAnnouncement(_Msg):
     """Where version `version` of the weights lies, per weights.transport (pipeline/weights/uris.py): a safetensors
-    file in the run's weights directory, or dist://HOST:PORT/vN (the learner's rendezvous store)."""
+    file in the run's weights directory, or dist://HOST:PORT/vN (the learner's rendezvous store).
+
+    `key` (dist only): the hex secret that seals the rendezvous store's requests and plans (weights/dist_sign.py).
+    It travels only on the buffer's authenticated channel: never log or write out an announcement whole."""
 
     version: int
     uri: str
     num_bytes: int
+    key: str = ""
 
 
 class Assignments(_Msg):

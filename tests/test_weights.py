@@ -20,8 +20,9 @@ import torch
 from pipeline import protocol as P
 from pipeline.config import load_config
 from pipeline.testing.doubles import FakeClient, FakeEngine, FakePool, until
+from pipeline.testing.weight_member import request_line
 from pipeline.weights import uri_problem, version_problem
-from pipeline.weights.dist_plan import ALIGN, Plan, layout, pack, unpack
+from pipeline.weights.dist_plan import ALIGN, Plan, digest, layout, pack, unpack
 from pipeline.weights.file import FileLoader, FilePublisher, iter_file
 from pipeline.weights.uris import dist_uri, file_uri_problem, parse_dist_uri, weights_path
 
@@ -48,7 +49,7 @@ def test_buckets_round_trip_every_dtype_aligned_and_bounded():
     assert back.keys() == state.keys()
     for k, v in back.items():
         assert v.dtype == before[k].dtype and v.shape == before[k].shape and torch.equal(v, before[k]), k
-    plan = Plan("s", 1, 1, 3, 7, "gloo", "127.0.0.1", 1234, 5.0, buckets)
+    plan = Plan("s", 1, 1, 3, 7, "gloo", "127.0.0.1", 1234, 5.0, buckets, [digest(buf) for buf in data])
     assert Plan.decode(plan.encode()) == plan and plan.num_bytes == sum(b.nbytes for b in buckets)
     with pytest.raises(RuntimeError, match="refused"):
         Plan.decode(b'{"error": "no"}')
@@ -208,8 +209,8 @@ class Member:
         for line in self.proc.stdout:
             self.lines.put(json.loads(line))
 
-    def load(self, uri: str) -> None:
-        self.proc.stdin.write(uri + "\n")
+    def load(self, ann: P.WeightAnnouncement) -> None:
+        self.proc.stdin.write(request_line(ann))
         self.proc.stdin.flush()
 
     def result(self, timeout: float = 60.0) -> dict:
@@ -251,7 +252,7 @@ def test_dist_group_is_kept_while_its_members_stay_and_reformed_for_a_late_joine
             ann = pub.publish(state, v)
             assert ann.uri == dist_uri("127.0.0.1", pub.port, v) and ann.num_bytes >= 1_200_000
             for m in members:
-                m.load(ann.uri)
+                m.load(ann)
             for m in members:
                 assert m.result() == {"ok": True, "version": v, "sums": _sums(state)}
             history.append(pub.stats())
@@ -261,13 +262,13 @@ def test_dist_group_is_kept_while_its_members_stay_and_reformed_for_a_late_joine
         assert history[2]["weight_group_size"] == 2
         late = Member("c", OVERRIDES)
         members.append(late)
-        late.load(ann.uri)  # catches up to version 3 alone: a new group with just it
+        late.load(ann)  # catches up to version 3 alone: a new group with just it
         assert late.result() == {"ok": True, "version": 3, "sums": _sums(state)}
         assert pub.stats()["weight_group_forms"] == history[2]["weight_group_forms"] + 1
         state["x"].mul_(-1.0)
         ann = pub.publish(state, 4)
         for m in members:
-            m.load(ann.uri)
+            m.load(ann)
         for m in members:  # version 4 re-forms the group with all three
             assert m.result() == {"ok": True, "version": 4, "sums": _sums(state)}
         stats = pub.stats()
@@ -289,8 +290,8 @@ def test_dist_member_killed_mid_broadcast_does_not_stop_the_learner(dist_cfg):
     try:
         state = {f"t{i}": torch.full((1 << 20,), float(i)) for i in range(32)}  # 128 MiB in 32 buckets
         ann = pub.publish(state, 1)
-        healthy.load(ann.uri)
-        victim.load(ann.uri)
+        healthy.load(ann)
+        victim.load(ann)
         assert victim.lines.get(timeout=60) == {"receiving": 1}
         victim.proc.kill()  # mid-broadcast: it holds one tensor and sleeps; the rest is still being sent
         t0 = time.monotonic()
@@ -304,11 +305,11 @@ def test_dist_member_killed_mid_broadcast_does_not_stop_the_learner(dist_cfg):
             first["ok"] is False and first.get("error")), first
         state["t0"].add_(1.0)
         ann = pub.publish(state, 2)  # the learner goes on; the next version re-forms without the dead member
-        healthy.load(ann.uri)
+        healthy.load(ann)
         assert healthy.result() == {"ok": True, "version": 2, "sums": _sums(state)}, first
         restarted = Member("victim", OVERRIDES)
         members.append(restarted)
-        restarted.load(ann.uri)
+        restarted.load(ann)
         assert restarted.result() == {"ok": True, "version": 2, "sums": _sums(state)}
     finally:
         for m in members:

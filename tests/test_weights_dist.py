@@ -8,7 +8,8 @@
    producer, asked for rounds right after the kill, serves only whole versions: each token's log-prob is the
    learner's under one published version, never newer than the version its sample names.
 2. `reinforce-ada train` with weights.transport = "dist": buffer, two producers and the learner train 3 steps on the
-   tiny model; no weight file is written anywhere, and every producer follows the versions."""
+   tiny model; no weight file is written anywhere, every producer follows the versions, and the key that seals
+   the rendezvous store is in no log, metric or file of the run but the 0600 buffer snapshot."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import pytest
 import torch
 
 from pipeline import protocol as P
+from pipeline.buffer.snapshot import read_snapshot
 from pipeline.config import load_config
 from pipeline.testing.doubles import ProducerBuffer
 from tests.support.slow_weights import MARK
@@ -223,3 +225,8 @@ def test_train_with_dist_through_the_supervisor(tmp_path, tiny_model_dir):
         assert f"loaded weights version {steps - 1}" in logs[name], logs[name][-3000:]
     assert "weights: version" in logs["learner"]
     assert not weights_dir.exists() or not any(weights_dir.iterdir())  # nothing went through a file
+    snapshot = run / "buffer" / "snapshot.msgpack"  # the buffer keeps the latest announcement, with its key
+    key = read_snapshot(snapshot).latest_weights.key.encode()
+    assert len(key) == 64 and snapshot.stat().st_mode & 0o077 == 0
+    for path in (p for p in run.rglob("*") if p.is_file() and p != snapshot):
+        assert key not in path.read_bytes(), path  # no log, metric or other file holds the rendezvous key

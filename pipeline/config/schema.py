@@ -282,6 +282,9 @@ class WeightsConfig(Section):
     dist_wait_s: Annotated[float, Meta(ge=0, description=(
         "dist: after the first producer asks for a new version, wait up to this long for the group's other "
         "members before broadcasting (a member that does not ask is left out and catches up later)"))] = 5.0
+    dist_max_members: Annotated[int, Meta(ge=1, description=(
+        "dist: at most this many producers (or producers.count, if larger) receive one version together; requests "
+        "beyond it are refused and counted, so registrations cannot grow a weight group without bound"))] = 64
 
     def check(self) -> None:
         self.require(self.transport != "dist" or bool(self.dist_host.strip()), "dist_host",

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import torch
 
 from pipeline.weights.dist_plan import Plan
-from pipeline.weights.dist_receive import receive
+from pipeline.weights.dist_receive import model_bytes, receive
 from pipeline.weights.file import iter_file
 
 
@@ -46,7 +46,8 @@ class WeightReloadExtension:
         Returns {"ok": True, "seconds", "num_tensors", "num_bytes", "refreshed"}, or {"ok": False, "touched": any
         tensor reached the model, "error": why}: a failed transfer is reported, not raised.
         """
-        return receive(self, Plan.decode(plan), self._reload)
+        max_bytes = model_bytes(self.model_runner.get_model(), self.parallel_config.tensor_parallel_size)
+        return receive(self, Plan.decode(plan), self._reload, max_bytes)
 
     def _reload(self, tensors: Iterator[tuple[str, torch.Tensor]]) -> dict:
         count = 0

@@ -2,9 +2,10 @@
 worker-side receive (pipeline/weights/dist_receive.py), with a worker whose "model" is a dict of the tensors it
 received.
 
-    python -m pipeline.testing.weight_member NAME [--slow SECONDS] [--timing] -- CONFIG OVERRIDES...
+    python -m pipeline.testing.weight_member NAME [--slow SECONDS] [--timing] [--max-mb MIB] -- CONFIG OVERRIDES...
 
-Reads one announcement uri per line on stdin and loads it; prints one JSON line per load:
+Reads one announcement per line on stdin ("URI KEY": its uri and key) and loads it; its "model" takes at most
+--max-mb MiB per version (a worker's model_bytes). Prints one JSON line per load:
 {"ok": true, "version": v, "sums": {name: float64 sum}} or {"ok": false, "error": "..."}. With --slow, the
 "model" sleeps that long per tensor it takes (a slow receiver, to be killed mid-broadcast); it prints
 {"receiving": v} when the first tensor arrives. With --timing (bench/weights.py) it prints
@@ -37,8 +38,8 @@ class FakeWorker:
     parallel_config = _Parallel()
     device = torch.device("cpu")
 
-    def __init__(self, slow_s: float) -> None:
-        self.slow_s = slow_s
+    def __init__(self, slow_s: float, max_bytes: int) -> None:
+        self.slow_s, self.max_bytes = slow_s, max_bytes
         self.model: dict[str, torch.Tensor] = {}
 
 
@@ -63,21 +64,26 @@ class FakeEngine:
                 time.sleep(self.worker.slow_s)
             return {"refreshed": 0}
 
-        result = await asyncio.to_thread(receive, self.worker, Plan.decode(plan.encode()), reload)
+        result = await asyncio.to_thread(receive, self.worker, Plan.decode(plan.encode()), reload,
+                                         self.worker.max_bytes)
         if not result["ok"]:
             raise RuntimeError(f"receive failed (touched={result['touched']}): {result['error']}")
         self.version = plan.version
         return result["seconds"]
 
 
+def request_line(ann: P.WeightAnnouncement) -> str:
+    """The stdin line that asks a member to load `ann` (its key goes on stdin, never on a command line)."""
+    return f"{ann.uri} {ann.key}\n"
+
+
 async def serve(loader: DistLoader, engine: FakeEngine, timing: bool) -> None:
     for line in sys.stdin:
-        uri = line.strip()
+        uri, _, key = line.strip().partition(" ")
         if not uri:
             continue
-        version = parse_dist_uri(uri)[2]
         try:
-            await loader.load(P.WeightAnnouncement(version, uri, 0))
+            await loader.load(P.WeightAnnouncement(parse_dist_uri(uri)[2], uri, 0, key))
             if timing:
                 print(json.dumps({"ok": True, "version": engine.version, "done": time.time()}), flush=True)
                 continue
@@ -92,9 +98,10 @@ def main() -> None:
     parser.add_argument("name")
     parser.add_argument("--slow", type=float, default=0.0)
     parser.add_argument("--timing", action="store_true")
+    parser.add_argument("--max-mb", type=int, default=1024)
     args, overrides = parser.parse_known_args()
     cfg = load_config(None, [o for o in overrides if o != "--"])
-    engine = FakeEngine(FakeWorker(args.slow))
+    engine = FakeEngine(FakeWorker(args.slow, args.max_mb << 20))
     asyncio.run(serve(DistLoader(cfg.weights, engine, args.name), engine, args.timing))
 
 

@@ -63,7 +63,7 @@ def make_publisher(cfg: Config, device: Any = None) -> WeightPublisher:
     if cfg.weights.transport == "dist":
         from pipeline.weights.dist import DistPublisher
 
-        return DistPublisher(cfg.weights, device)
+        return DistPublisher(cfg.weights, device, max(cfg.weights.dist_max_members, cfg.producers.count))
     from pipeline.weights.file import FilePublisher
 
     return FilePublisher(cfg.weights_dir, cfg.weights.keep)

@@ -19,12 +19,20 @@ Failure: a broadcast or group formation that fails (a member died: connection re
 the next request. The learner's training loop never waits on a producer: at most the newest version and the one
 being sent are held in memory.
 
-Trust: the store and the group are not authenticated; bind weights.dist_host on a private network.
+Trust (dist_sign.py): every request and plan in the store is sealed with this process's secret, which reaches the
+producers only inside the announcement, through the buffer's authenticated channel. The thread ignores requests
+whose seal does not open (`weight_requests_refused`), so a client of the store alone can neither join a group nor
+make one wait for members that never come; a plan names each bucket's SHA-256, so nothing but this version's bytes
+reaches an engine. Membership is bounded: at most `max_members` producers per round (those served lately first;
+the rest are told the group is full, `weight_members_refused`), requests a round reads at most MAX_POPS. A store
+client can still pop, delete or flood what the store holds (a denial of service: a producer re-sends its request
+while it waits, dist_loader.py), and whoever holds the secret, i.e. every producer, can do all a member can.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import secrets
 import socket
@@ -38,13 +46,28 @@ from torch.distributed import TCPStore
 from pipeline import protocol as P
 from pipeline.config import WeightsConfig
 from pipeline.weights.dist_group import WeightGroup, open_group
-from pipeline.weights.dist_plan import REQUESTS, Bucket, Plan, Request, group_prefix, layout, pack, plan_key
+from pipeline.weights.dist_plan import (
+    LEARNER,
+    REQUESTS,
+    Bucket,
+    Plan,
+    Request,
+    digest,
+    group_prefix,
+    layout,
+    pack,
+    plan_key,
+)
+from pipeline.weights.dist_sign import new_secret, open_sealed, seal
 from pipeline.weights.uris import dist_uri
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.02  # how often the sender looks for requests
 GATHER_MIN_S = 0.2  # a round with no members to wait for still waits this long for producers asking together
+MAX_POPS = 1024  # requests read per poll: a flood of values in the queue cannot keep the thread from serving
+MARK_S = 1.0  # how often the LEARNER marker is written again
+ANSWERED_KEPT = 4096  # members whose last answered request is remembered (a re-sent request is not served twice)
 
 
 @dataclass
@@ -52,10 +75,17 @@ class _Version:
     version: int
     buckets: list[Bucket]
     data: list[torch.Tensor]
+    digests: list[str] | None = None
 
     @property
     def num_bytes(self) -> int:
         return sum(b.nbytes for b in self.buckets)
+
+    def hashed(self) -> list[str]:
+        """Each bucket's SHA-256 (computed once, by the sender thread: the learner never waits for it)."""
+        if self.digests is None:
+            self.digests = [digest(buf) for buf in self.data]
+        return self.digests
 
 
 def resolve_backend(name: str, device: torch.device | None) -> str:
@@ -67,12 +97,14 @@ def resolve_backend(name: str, device: torch.device | None) -> str:
 class DistPublisher:
     """WeightPublisher of the dist transport (learner rank 0)."""
 
-    def __init__(self, wc: WeightsConfig, device: torch.device | None = None) -> None:
+    def __init__(self, wc: WeightsConfig, device: torch.device | None = None, max_members: int = 64) -> None:
         self.host, self.bucket_bytes = wc.dist_host, wc.bucket_mb << 20
         self.timeout_s, self.wait_s = wc.dist_timeout_s, wc.dist_wait_s
         self.backend = resolve_backend(wc.dist_backend, device)
         self.device = device if self.backend == "nccl" else None
         self.session = secrets.token_hex(4)  # tells this process's groups from those of a learner before a restart
+        self.secret = new_secret()  # only ever in announcements: never in the store, a log or a metric
+        self.max_members = max_members
         # bind the store to dist_host only (TCPStore itself would listen on every interface)
         try:
             self._sock = socket.create_server((self.host.strip("[]"), wc.dist_port),
@@ -85,6 +117,8 @@ class DistPublisher:
         self.store = TCPStore(self.host.strip("[]"), self.port, is_master=True, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=self.timeout_s),
                               master_listen_fd=self._sock.fileno())
+        self._marked = 0.0  # when the LEARNER marker was last written
+        self._mark()  # before any announcement can name this store
         self._lock = threading.Lock()
         self._latest: _Version | None = None
         self._waiting: dict[str, tuple[Request, float]] = {}  # member -> (its newest request, when it came)
@@ -94,8 +128,10 @@ class DistPublisher:
         self._known: dict[str, int] = {}
         self._gen = 0
         self._old_keys: list[str] = []
+        self._answered: dict[str, int] = {}  # member -> the seq of its last request answered, newest last
         self.counts = {"weight_publishes": 0, "weight_broadcasts": 0, "weight_broadcast_failures": 0,
-                       "weight_group_forms": 0, "weight_requests_malformed": 0}
+                       "weight_group_forms": 0, "weight_requests_malformed": 0, "weight_requests_refused": 0,
+                       "weight_members_refused": 0}
         self.gauges = {"weight_broadcast_seconds": 0.0, "weight_group_size": 0.0, "weight_bytes": 0.0}
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="weight-sender", daemon=True)
@@ -115,7 +151,8 @@ class DistPublisher:
             self._latest = staged
             self.counts["weight_publishes"] += 1
             self.gauges["weight_bytes"] = float(staged.num_bytes)
-        return P.WeightAnnouncement(version, dist_uri(self.host, self.port, version), staged.num_bytes)
+        return P.WeightAnnouncement(version, dist_uri(self.host, self.port, version), staged.num_bytes,
+                                    self.secret.hex())
 
     def stats(self) -> dict[str, float]:
         with self._lock:
@@ -134,9 +171,14 @@ class DistPublisher:
     def _run(self) -> None:
         while not self._closed.is_set():
             try:
+                self._mark()
                 self._collect()
                 latest = self._due()
                 if latest is None:
+                    with self._lock:
+                        newest = self._latest
+                    if newest is not None:
+                        newest.hashed()  # while nobody asks, not once they do
                     self._closed.wait(POLL_S)
                 else:
                     self._serve(latest)
@@ -144,19 +186,49 @@ class DistPublisher:
                 log.exception("weights: the sender thread hit an error; it goes on")
                 self._closed.wait(1.0)
 
+    def _mark(self) -> None:
+        """(Re)write the sealed LEARNER marker, at most every MARK_S: anyone may delete or overwrite it, and
+        without it every producer's load would fail at once."""
+        if time.monotonic() - self._marked >= MARK_S:
+            self.store.set(LEARNER, seal(self.secret, LEARNER, self.session.encode()))
+            self._marked = time.monotonic()
+
     def _collect(self) -> None:
-        """Move the queued requests into `_waiting` (a member's newer request replaces its older one)."""
+        """Move the queued requests into `_waiting` (a member's newer request replaces its older one); drop those
+        not sealed with the secret, those already answered, and members not served lately beyond the bound."""
         now = time.monotonic()
-        while self.store.queue_len(REQUESTS) > 0:
-            raw = self.store.queue_pop(REQUESTS, block=False)
-            try:
-                req = Request.decode(raw)
-            except (ValueError, KeyError, TypeError) as exc:
-                self.counts["weight_requests_malformed"] += 1
-                log.warning("weights: dropped a malformed request: %s", exc)
-                continue
+        for _ in range(MAX_POPS):
+            if self.store.queue_len(REQUESTS) == 0:
+                return
+            req = self._open_request(self.store.queue_pop(REQUESTS, block=False))
+            if req is None or req.seq <= self._answered.get(req.member, 0):
+                continue  # refused, or a copy re-sent while its answer was on the way
             old = self._waiting.get(req.member)
+            if old is None and req.member not in self._known and len(self._waiting) >= 4 * self.max_members:
+                self._count("weight_members_refused", f"more than {4 * self.max_members} members waiting")
+                continue
             self._waiting[req.member] = (req, old[1] if old else now)
+
+    def _open_request(self, raw: bytes) -> Request | None:
+        try:
+            payload = open_sealed(self.secret, REQUESTS, raw)
+        except ValueError as exc:
+            self._count("weight_requests_refused", exc)
+            return None
+        try:
+            return Request.decode(payload)
+        except ValueError as exc:
+            self._count("weight_requests_malformed", exc)
+            return None
+
+    def _count(self, name: str, why: object) -> None:
+        """Count a dropped request; log the first of each kind and then every 1000th (a flood must not flood
+        the log)."""
+        with self._lock:
+            self.counts[name] += 1
+            n = self.counts[name]
+        if n == 1 or n % 1000 == 0:
+            log.warning("weights: dropped a request (%s, %d so far): %s", name, n, str(why)[:300])
 
     def _due(self) -> _Version | None:
         """The version to send now, once the members this round waits for have asked (or waited long enough)."""
@@ -174,12 +246,7 @@ class DistPublisher:
         for key in self._old_keys:  # the plans of the previous round were read by now (its members joined)
             self.store.delete_key(key)
         self._old_keys = []
-        reqs = [req for req, _ in sorted(self._waiting.values(), key=lambda r: r[0].member)]
-        self._waiting.clear()
-        for req in [r for r in reqs if r.version > latest.version]:  # e.g. a request to a learner before a restart
-            self.store.set(plan_key(req.member, req.seq),
-                           f'{{"error": "the learner holds version {latest.version} < {req.version}"}}'.encode())
-        reqs = [r for r in reqs if r.version <= latest.version]
+        reqs = self._admit(latest)
         if not reqs:
             return
         members = [(r.member, r.workers) for r in reqs]
@@ -189,10 +256,10 @@ class DistPublisher:
             self._gen += 1
         world, rank = 1 + sum(w for _, w in members), 1
         for r in reqs:
-            key = plan_key(r.member, r.seq)
-            self.store.set(key, Plan(self.session, self._gen, rank, world, latest.version, self.backend,
-                                     self.host.strip("[]"), self.port, self.timeout_s, latest.buckets).encode())
-            self._old_keys.append(key)
+            self._answer(r, Plan(self.session, self._gen, rank, world, latest.version, self.backend,
+                                 self.host.strip("[]"), self.port, self.timeout_s, latest.buckets,
+                                 latest.hashed()).encode())
+            self._old_keys.append(plan_key(r.member, r.seq))
             rank += r.workers
         t0 = time.perf_counter()
         try:
@@ -223,7 +290,36 @@ class DistPublisher:
         log.info("weights: version %d (%.1f MiB) sent to %d producer(s) in %.3f s%s", latest.version,
                  latest.num_bytes / 2**20, len(members), seconds, "" if reuse else f" (group {self._gen})")
 
+    def _admit(self, latest: _Version) -> list[Request]:
+        """This round's members, in name order: the waiting requests the learner can serve, at most max_members,
+        members served lately first, then the earliest to ask. The others are told why (sealed errors)."""
+        waiting = sorted(self._waiting.values(), key=lambda r: (r[0].member not in self._known, r[1], r[0].member))
+        self._waiting.clear()
+        admitted = []
+        for req, _ in waiting:
+            if req.version > latest.version:  # e.g. a request to a learner before a restart
+                self._answer(req, _error(f"the learner holds version {latest.version} < {req.version}"))
+            elif len(admitted) >= self.max_members:
+                self._count("weight_members_refused", f"member {req.member!r} beyond {self.max_members}")
+                self._answer(req, _error(f"the weight group is full ({self.max_members} producers: "
+                                         "weights.dist_max_members, producers.count); ask again later"))
+            else:
+                admitted.append(req)
+        return sorted(admitted, key=lambda r: r.member)
+
+    def _answer(self, req: Request, payload: bytes) -> None:
+        key = plan_key(req.member, req.seq)
+        self.store.set(key, seal(self.secret, key, payload))
+        self._answered.pop(req.member, None)
+        self._answered[req.member] = req.seq
+        if len(self._answered) > ANSWERED_KEPT:
+            del self._answered[next(iter(self._answered))]
+
     def _drop_group(self) -> None:
         if self._group is not None:
             self._group.close()
         self._group, self._members = None, []
+
+
+def _error(why: str) -> bytes:
+    return json.dumps({"error": why}).encode()

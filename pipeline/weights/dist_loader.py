@@ -5,6 +5,11 @@ A producer is a new member each time it starts (its name gets a random suffix): 
 the place of its former self in a formed group, it asks and the learner forms a group with it. Requests and plans
 go through the learner's TCPStore (dist_plan.py); the wait for a plan runs in a thread, so the producer's loop goes
 on serving rounds meanwhile.
+
+Trust: a request is sealed, and a plan believed only once its seal opens, with the secret of the announcement
+(dist_sign.py); a plan must also name the store the announcement named, a version at least the one asked for, and
+ranks for this engine's workers inside its world. Anyone who reaches the store can pop the request before the
+learner reads it, so the loader sends it again every RESEND_S while it waits (the learner answers a request once).
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from torch.distributed import TCPStore
 
 from pipeline import protocol as P
 from pipeline.config import WeightsConfig
-from pipeline.weights.dist_plan import REQUESTS, Plan, Request, plan_key
+from pipeline.weights.dist_plan import LEARNER, REQUESTS, Plan, Request, plan_key
+from pipeline.weights.dist_sign import open_sealed, seal, secret_from_hex
 from pipeline.weights.uris import parse_dist_uri
 
 PLAN_POLL_S = 0.02
 CONNECT_TIMEOUT_S = 30.0
+RESEND_S = 1.0
 
 
 class DistLoader:
@@ -42,35 +49,65 @@ class DistLoader:
         """Ask for `ann`'s version (the learner sends its newest), receive it in place; the seconds it took."""
         start = time.perf_counter()
         host, port, version = parse_dist_uri(ann.uri)
+        secret = secret_from_hex(ann.key)
         cancelled = threading.Event()
         try:
-            plan = await asyncio.to_thread(self._ask, host.strip("[]"), port, version, cancelled)
+            plan = await asyncio.to_thread(self._ask, host.strip("[]"), port, version, secret, cancelled)
         except asyncio.CancelledError:
             cancelled.set()  # the thread stops polling (else shutdown would wait for it)
             raise
         await self.engine.receive_weights(plan)
         return time.perf_counter() - start
 
-    def _ask(self, host: str, port: int, version: int, cancelled: threading.Event) -> Plan:
-        """Queue a request in the learner's store and wait for its plan (blocking: runs in a thread)."""
+    def _ask(self, host: str, port: int, version: int, secret: bytes, cancelled: threading.Event) -> Plan:
+        """Queue a sealed request in the learner's store and wait for its plan (blocking: runs in a thread)."""
         try:
             store = self._connect(host, port)
+            _check_learner(store, secret, f"{host}:{port}")
             self._seq += 1
-            store.queue_push(REQUESTS, Request(self.member, self._seq, version, self.engine.num_workers).encode())
-            key = plan_key(self.member, self._seq)
-            # the learner answers once the round's members asked (dist_wait_s) and its previous round is sent
-            deadline = time.monotonic() + self.wc.dist_wait_s + 2 * self.wc.dist_timeout_s
-            while not store.check([key]):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the learner at {host}:{port} did not answer the request for weights "
-                                       f"version {version} in time")
-                if cancelled.wait(PLAN_POLL_S):
-                    raise TimeoutError("the weight request was cancelled")
-            raw = store.get(key)
+            request = Request(self.member, self._seq, version, self.engine.num_workers).encode()
+            raw = self._await_plan(store, plan_key(self.member, self._seq), seal(secret, REQUESTS, request), secret,
+                                   cancelled, f"the learner at {host}:{port} did not answer the request for weights "
+                                   f"version {version} in time")
         except Exception:
             self._store = None  # reconnect next time: the learner may have restarted
             raise
-        return Plan.decode(raw)
+        plan = Plan.decode(raw)
+        problem = self._plan_problem(plan, host, port, version)
+        if problem:
+            raise ValueError(f"refusing the weight plan for version {version}: {problem}")
+        return plan
+
+    def _await_plan(self, store: TCPStore, key: str, request: bytes, secret: bytes, cancelled: threading.Event,
+                    late: str) -> bytes:
+        """The learner's answer at `key`, sending `request` every RESEND_S meanwhile. A value there that is not
+        sealed with `secret` is someone else's: it is skipped, and the wait goes on for the learner's."""
+        # the learner answers once the round's members asked (dist_wait_s) and its previous round is sent
+        deadline = time.monotonic() + self.wc.dist_wait_s + 2 * self.wc.dist_timeout_s
+        sent, forged = -RESEND_S, ""
+        while True:
+            if store.check([key]):
+                try:
+                    return open_sealed(secret, key, store.get(key))
+                except ValueError as exc:
+                    forged = f"; refused a forged plan: {exc}"
+            if time.monotonic() - sent >= RESEND_S:  # again: anyone who reaches the store may have popped it
+                store.queue_push(REQUESTS, request)
+                sent = time.monotonic()
+            if time.monotonic() > deadline:
+                raise TimeoutError(late + forged)
+            if cancelled.wait(PLAN_POLL_S):
+                raise TimeoutError("the weight request was cancelled")
+
+    def _plan_problem(self, plan: Plan, host: str, port: int, version: int) -> str:
+        """Why a sealed plan does not fit this request ("" if it does)."""
+        if (plan.host, plan.port) != (host, port):
+            return f"it names {plan.host}:{plan.port}, not the announced store {host}:{port}"
+        if plan.version < version:
+            return f"it sends version {plan.version} < {version}"
+        if plan.rank + self.engine.num_workers > plan.world_size:
+            return f"ranks {plan.rank}+{self.engine.num_workers} do not fit its world of {plan.world_size}"
+        return ""
 
     def _connect(self, host: str, port: int) -> TCPStore:
         if self._store is None or self._address != (host, port):
@@ -81,3 +118,13 @@ class DistLoader:
 
     def close(self) -> None:
         self._store = None
+
+
+def _check_learner(store: TCPStore, secret: bytes, address: str) -> None:
+    """Raise at once if the learner at `address` is not the process whose key this is (it restarted since this
+    announcement: its requests would be refused, and the wait would last until the time-out)."""
+    try:
+        open_sealed(secret, LEARNER, store.get(LEARNER) if store.check([LEARNER]) else b"")
+    except ValueError:
+        raise RuntimeError(f"the learner at {address} is not the process that made this weight announcement (it "
+                           "restarted, or someone rewrote its store); waiting for its next announcement") from None
