@@ -154,6 +154,14 @@ def allocation(results: Path) -> str:
     ])
 
 
+def cost_per_gain(results: Path) -> str:
+    """Samples and train seconds per +0.01 of held-out gain, every arm including every GRPO variant the results
+    hold, the gain's interval carried through (bench.cost_per_gain)."""
+    from bench.cost_per_gain import table
+
+    return "\n".join(table(results))
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "e2e": e2e_tiny,
     "allocation": allocation,
@@ -163,6 +171,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "table2-band": table2_band,
     "table2-streaming": table2_streaming,
     "pipeline": pipeline_vs_reference,
+    "cost-per-gain": cost_per_gain,
 }
 
 

@@ -36,6 +36,7 @@ SMOKE = {
     "allocation": ALLOCATION,
     "allocation_report": ALLOCATION,
     "buffer_ingest": THROUGHPUT,
+    "cost_per_gain": "tests/test_readme.py::test_result_tables_are_generated_from_bench_results",
     "costmodel": TABLE2,
     "e2e": E2E,
     "e2e_data": E2E,
