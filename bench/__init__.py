@@ -40,4 +40,6 @@ How benches run, and what they feed
 - `guard.py`: every bench's entry point; a bench that fails, fails fast and leaves no process behind.
 - `run_all.py`: `make bench`, one bench after another, every failure reported at the end.
 - `readme_results.py`: the README's result tables, rendered from bench/results/*.json (a test fails on drift).
+- `cost_per_gain.py`: samples and train seconds per +0.01 of held-out gain for every arm of the e2e and peer_trl
+  results, GRPO at its best among them (one of those tables; it runs nothing).
 """

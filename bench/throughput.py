@@ -6,7 +6,8 @@ side-by-side ratio in the same run, then reads the numbers back from the JSON ea
   - bench.producer: producer tokens/s vs vLLM's offline LLM.generate, and the in-place weight load time;
   - bench.learner: learner tokens/s vs a plain transformers step, weight publish vs memcpy.
 The producer's weight load is set against a memcpy of the same number of bytes (and a read of them from a tmpfs
-file into preallocated memory), measured here. Writes bench/results/throughput.md.
+file into preallocated memory), measured here. Writes bench/results/throughput.md and the
+same numbers to throughput.json, from which the README's table is rendered (bench.readme_results).
 
 Every baseline is one that does not swing with page faults: copies go into preallocated memory written once
 before timing. Each ratio comes with its spread over the repeats (min-max of the paired per-repeat ratios).
@@ -109,31 +110,26 @@ def run_bench(module: str, args: list[str], timeout: float) -> tuple[int | str, 
     return outcome.code, outcome.seconds, outcome.tail
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer reps and smaller inputs (about 3 min)")
-    ap.add_argument("--smoke", action="store_true", help="tiny inputs, one rep: checks that every part runs")
-    ap.add_argument("--results", default=str(RESULTS), help="folder for the component benches' own files")
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds before one benchmark is abandoned")
-    ap.add_argument("--out", default=str(RESULTS / "throughput.md"))
-    args = ap.parse_args(argv)
-    t_all = time.monotonic()
+def run_benches(sizing: str, results: Path, timeout: float, loads: list[float]) -> tuple[list, list, list, dict]:
+    """Run every component bench at `sizing` (full, quick or smoke), appending the 1-minute load average at each
+    one's start and end to `loads`; (rows, commands run, failures, the weight load)."""
     rows: list[tuple] = []
     lines_run, failures, load = [], [], {}
-    results = Path(args.results)
     for name, module, full, quick, smoke, file_name in BENCHES:
-        sized = smoke if args.smoke else quick if args.quick else full
+        sized = {"full": full, "quick": quick, "smoke": smoke}[sizing]
         bench_args = [*sized, "--out", str(results / f"{file_name}.md")]
-        json_name = f"{file_name}.json"
-        cmd = f"python -m {module} {' '.join(bench_args)}"
+        cmd = f"python -m {module} {' '.join(bench_args)}".replace(f"{ROOT}/", "")  # paths as a reader reruns them
         print(f"--- {name}: {cmd}", flush=True)
-        code, seconds, tail = run_bench(module, bench_args, args.timeout)
-        lines_run.append(f"{cmd}   # exit {code}, {seconds:.0f} s")
+        loads.append(os.getloadavg()[0])
+        code, seconds, tail = run_bench(module, bench_args, timeout)
+        loads.append(os.getloadavg()[0])
+        lines_run.append(f"{cmd}   # exit {code}, {seconds:.0f} s, load average {loads[-2]:.1f} -> {loads[-1]:.1f}")
         print(f"--- {name}: exit {code} in {seconds:.0f} s", flush=True)
         if code != 0:
             failures.append((name, code, tail))
             print(tail, flush=True)
             continue
+        json_name = f"{file_name}.json"
         try:
             numbers = json.loads((results / json_name).read_text())
             if module == "bench.buffer_ingest":
@@ -147,18 +143,26 @@ def main(argv: list[str] | None = None) -> int:
             failures.append((name, "unread", f"{json_name}: {exc}"))
         except KeyError as exc:
             failures.append((name, "unparsed", f"{json_name} lacks {exc}: was its format changed?"))
-    if load:
-        base = copy_baselines(load["mib"])
-        label = f"producer in-place weight load ({load['mib']:.1f} MiB, ms; lower is better)"
-        for key, base_name in (("memcpy", "memcpy of the same bytes into preallocated memory"),
-                               ("read", "read from a tmpfs file into preallocated memory")):
-            lo, hi = base[f"{key}_ms_range"]  # the load's spread against the baseline's: extremes paired
-            rows.append((label, load["ms"], base_name, base[f"{key}_ms"], base[f"{key}_ms"] / load["ms"],
-                         {"min": lo / load["max_ms"], "max": hi / load["min_ms"]}))
-    command = "python -m bench.throughput " + " ".join(sys.argv[1:] if argv is None else argv)
-    total = time.monotonic() - t_all
+    return rows, lines_run, failures, load
+
+
+def load_rows(load: dict) -> list[tuple]:
+    """The producer's in-place weight load against a memcpy and a tmpfs read of the same bytes, measured here."""
+    base = copy_baselines(load["mib"])
+    label = f"producer in-place weight load ({load['mib']:.1f} MiB, ms; lower is better)"
+    rows = []
+    for key, base_name in (("memcpy", "memcpy of the same bytes into preallocated memory"),
+                           ("read", "read from a tmpfs file into preallocated memory")):
+        lo, hi = base[f"{key}_ms_range"]  # the load's spread against the baseline's: extremes paired
+        rows.append((label, load["ms"], base_name, base[f"{key}_ms"], base[f"{key}_ms"] / load["ms"],
+                     {"min": lo / load["max_ms"], "max": hi / load["min_ms"]}))
+    return rows
+
+
+def markdown(command: str, minutes: float, lines_run: list[str], rows: list[tuple], failures: list[tuple],
+             load: dict) -> list[str]:
     text = ["# Throughput: the pipeline's parts against plain baselines", "",
-            f"Command: `{command.strip()}` ({total / 60:.1f} min in all, on {os.cpu_count()} shared CPU cores). "
+            f"Command: `{command}` ({minutes:.1f} min in all, on {os.cpu_count()} shared CPU cores). "
             "It ran, one after another:", "", "```", *lines_run, "```", "",
             "Each benchmark measures ours and its baseline side by side in the same run (interleaved reps); the "
             "details are in buffer_ingest.md, producer.md and learner.md. Ratio = ours / baseline as throughput "
@@ -168,13 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             "| component | ours | baseline | baseline value | ratio | ratio min-max |",
             "|---|---:|---|---:|---:|---|"]
     for comp, ours, base_name, base, ratio, spread in rows:
-        fmt = ".1f" if ours < 100 else ",.0f"
-        bfmt = ".3f" if base < 1 else ".2f" if base < 10 else (".1f" if base < 100 else ",.0f")
         rng = f"{spread['min']:.2f}-{spread['max']:.2f}" if spread else "-"
-        text.append(f"| {comp} | {ours:{fmt}} | {base_name} | {base:{bfmt}} | {ratio:.2f} | {rng} |"
-                    if ratio >= 0.1 else
-                    f"| {comp} | {ours:{fmt}} | {base_name} | {base:{bfmt}} | {ratio:.3f} (1/{1 / ratio:.0f}) | "
-                    f"{rng} |")
+        text.append(f"| {comp} | {number(ours)} | {base_name} | {number(base)} | {ratio_text(ratio)} | {rng} |")
     if load:
         text += ["", f"Weight load: median of {load['loads']} in-place loads (min {load['min_ms']:.1f} ms, max "
                  f"{load['max_ms']:.1f} ms) of the producer benchmark's model: file read, copy into the engine's "
@@ -182,8 +181,51 @@ def main(argv: list[str] | None = None) -> int:
                  "baselines copy the same number of bytes in this process (median of 50)."]
     for name, code, tail in failures:
         text += ["", f"**{name} failed ({code})**; last lines of its output:", "", "```", tail, "```"]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(text) + "\n")
+    return text
+
+
+def number(x: float) -> str:
+    """A throughput or a time with as many digits as its size needs (also the README's table, bench.readme_results)."""
+    return f"{x:.3f}" if x < 1 else f"{x:.2f}" if x < 10 else f"{x:.1f}" if x < 100 else f"{x:,.0f}"
+
+
+def ratio_text(ratio: float) -> str:
+    return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.3f} (1/{1 / ratio:.0f})"
+
+
+def as_json(command: str, minutes: float, lines_run: list[str], rows: list[tuple], failures: list[tuple],
+            load: dict, loadavg: dict) -> dict:
+    """Every row with its numbers, for the README's table (bench.readme_results) and the smoke test."""
+    keys = ("component", "ours", "baseline_name", "baseline", "ratio", "ratio_spread")
+    return {"command": command, "minutes": minutes, "cpu_count": os.cpu_count(), "loadavg": loadavg,
+            "ran": lines_run, "rows": [dict(zip(keys, r)) for r in rows], "weight_load": load,
+            "failures": [{"name": n, "code": str(c), "tail": t} for n, c, t in failures]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer reps and smaller inputs (about 3 min)")
+    ap.add_argument("--smoke", action="store_true", help="tiny inputs, one rep: checks that every part runs")
+    ap.add_argument("--results", default=str(RESULTS), help="folder for the component benches' own files")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds before one benchmark is abandoned")
+    ap.add_argument("--out", default=str(RESULTS / "throughput.md"), help="the table; its numbers go beside it "
+                    "as .json")
+    args = ap.parse_args(argv)
+    t_all = time.monotonic()
+    loads: list[float] = []  # the machine's 1-minute load average at each bench's start and end
+    sizing = "smoke" if args.smoke else "quick" if args.quick else "full"
+    rows, lines_run, failures, load = run_benches(sizing, Path(args.results), args.timeout, loads)
+    if load:
+        rows += load_rows(load)
+    command = ("python -m bench.throughput " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
+    minutes = (time.monotonic() - t_all) / 60
+    text = markdown(command, minutes, lines_run, rows, failures, load)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(text) + "\n")
+    loadavg = {"samples_1min": loads, "end_15min": os.getloadavg()[2]}
+    out.with_suffix(".json").write_text(json.dumps(as_json(command, minutes, lines_run, rows, failures, load,
+                                                           loadavg), indent=1) + "\n")
     print("\n".join(text))
     return 1 if failures else 0
 

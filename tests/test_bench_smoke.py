@@ -36,6 +36,7 @@ SMOKE = {
     "allocation": ALLOCATION,
     "allocation_report": ALLOCATION,
     "buffer_ingest": THROUGHPUT,
+    "cost_per_gain": "tests/test_readme.py::test_result_tables_are_generated_from_bench_results",
     "costmodel": TABLE2,
     "e2e": E2E,
     "e2e_data": E2E,
@@ -217,7 +218,8 @@ def test_learner_bench_publish_baseline_and_spread(tmp_path):
 @pytest.mark.slow
 def test_throughput_smoke_runs_every_component(tmp_path):
     """bench.throughput --smoke: bench.buffer_ingest (a buffer process), bench.producer (real vLLM engines on a
-    random tiny Llama) and bench.learner as subprocesses, and the table with each ratio's spread."""
+    random tiny Llama) and bench.learner as subprocesses, and the table with each ratio's spread, its numbers also
+    in throughput.json (the README's table)."""
     out = tmp_path / "throughput.md"
     _bench("bench.throughput", "--smoke", "--results", str(tmp_path), "--out", str(out), timeout_s=900)
     text = out.read_text()
@@ -227,6 +229,13 @@ def test_throughput_smoke_runs_every_component(tmp_path):
     assert "failed" not in text and "copy into new memory" not in text
     for name in ("buffer_ingest", "producer", "learner"):
         assert (tmp_path / f"{name}.json").is_file()
+    data = json.loads(out.with_suffix(".json").read_text())  # what the README's table is rendered from
+    assert not data["failures"] and len(data["loadavg"]["samples_1min"]) == 2 * 3
+    for row in data["rows"]:
+        assert row["ours"] > 0 and row["baseline"] > 0 and row["ratio"] > 0, row
+        assert row["ratio_spread"]["min"] <= row["ratio_spread"]["max"], row
+    assert {r["component"].split(" (")[0] for r in data["rows"]} >= {"buffer ingest", "producer generation",
+                                                                    "weight publish, bf16"}
 
 
 @pytest.mark.slow

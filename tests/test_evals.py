@@ -56,6 +56,7 @@ def test_rounds_carry_kind_k_and_max_new_tokens_and_a_row_per_benchmark():
     assert row["seconds"] == 4.0  # started at 1.0, last result at 5.0
     assert row["accuracy"] == pytest.approx(sum(correct) / 4 / 6)  # Ave@4 over all problems
     assert row["pass_at_k"] == pytest.approx(3 / 6)  # problems with at least one correct sample
+    assert row["correct"] == correct  # per problem, in the held-out set's order: rows pair problem by problem
     assert row["benchmarks"] == {
         "small": {"problems": 2, "ave_at_k": pytest.approx(0.5), "pass_at_k": pytest.approx(0.5)},
         "large": {"problems": 4, "ave_at_k": pytest.approx(3 / 16), "pass_at_k": pytest.approx(0.5)},

@@ -3,7 +3,8 @@
 `Evals` is pure and clock-injected like the Scheduler: every event carries the caller's `now`, and nothing here
 does I/O. It hands out evaluation rounds (RoundAssignment kind "eval": one per problem, k samples, the eval
 max_new_tokens), takes their results, re-issues lost rounds (lease passed, or producer silent) under new ids, and
-turns each finished evaluation into one row: Ave@k and pass@k overall and per benchmark.
+turns each finished evaluation into one row: Ave@k and pass@k overall and per benchmark, and each problem's count of
+correct samples (in the held-out set's order: with common random numbers, two versions' rows pair problem by problem).
 
 Invariants:
 - round ids come from the allocator the Scheduler uses: no id ever serves both a training and an eval round;
@@ -194,4 +195,5 @@ class Evals:
         assert run.finished is not None
         return {"version": run.version, "accuracy": ave, "pass_at_k": passed, "k": k, "problems": len(self.prompts),
                 "failed": sum(not run.received[i] for i in range(len(self.prompts))),
-                "seconds": run.finished - run.started, "benchmarks": benchmarks}
+                "seconds": run.finished - run.started, "benchmarks": benchmarks,
+                "correct": [run.correct[i] for i in range(len(self.prompts))]}

@@ -92,7 +92,8 @@ def snapshot_metrics(scheduler_metrics: dict[str, Any], counters: dict[str, int]
     m["peers"] = dict(peers)  # producer identities tracked, leases out
     m["producers"] = producers
     m["learner"] = learner
-    m["eval"] = dict(last_eval) if last_eval else {}
+    # the row without its per-problem counts (eval.jsonl has them): a snapshot is polled often
+    m["eval"] = {k: v for k, v in last_eval.items() if k != "correct"} if last_eval else {}
     m["evals_running"] = evals_running  # evaluations not written yet: version, problems done, problems
     m["eval_counts"] = dict(eval_counts)  # eval rounds issued and re-issued, results late, unknown, failed
     m["progress"] = progress
