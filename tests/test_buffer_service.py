@@ -70,10 +70,12 @@ def test_malformed_messages_are_counted_and_dropped(tmp_path, ports):
                P.encode(P.WorkRequest("evil", 1, 0)) + [b"extra"]]
         for frames in bad:
             evil.send_multipart(frames)
-        client = BufferClient(f"tcp://127.0.0.1:{router}", f"tcp://127.0.0.1:{control}", "probe")
+        # not wait_for_buffer's "probe": the router refuses an identity whose last connection it has not yet seen
+        # close, which a loaded machine can delay past every request of this loop
+        client = BufferClient(f"tcp://127.0.0.1:{router}", f"tcp://127.0.0.1:{control}", "malformed-probe")
         deadline = time.monotonic() + 20  # a loaded machine may take a while to deliver and count all four
         while True:
-            snap = client.request(P.MetricsRequest("probe"), P.MetricsSnapshot, 5.0)
+            snap = client.request(P.MetricsRequest("malformed-probe"), P.MetricsSnapshot, 5.0)
             if (snap is not None and snap.metrics["buffer/malformed"] >= 4) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)

@@ -40,7 +40,9 @@ from pipeline.weights.dist_receive import receive
 from pipeline.weights.dist_sign import new_secret, seal
 from pipeline.weights.uris import dist_uri
 
-OVERRIDES = ["--weights.transport", "dist", "--weights.dist_timeout_s", "3", "--weights.dist_wait_s", "1"]
+# dist_timeout_s: far above what a step takes here, so that a loaded machine (CI: two workers starting vLLM engines)
+# never times out an honest connection; no test below waits a timeout out
+OVERRIDES = ["--weights.transport", "dist", "--weights.dist_timeout_s", "20", "--weights.dist_wait_s", "1"]
 MAX_BYTES = 64 << 20  # the members' "model" takes this much
 
 
