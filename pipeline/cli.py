@@ -80,7 +80,7 @@ def keys_main(argv: list[str]) -> int:
     parser.add_argument("--out", help="directory for the key files (server, producer, learner, authorized/)")
     parser.add_argument("--learner-token", metavar="FILE",
                         help="write a fresh learner token (mode 0600) for a buffer and learner on loopback without "
-                             "keys, e.g. RUN_DIR/learner.token (`reinforce-ada train` makes one itself)")
+                             "keys, e.g. RUN_DIR/learner.token (`reinforce-ada train` keys its runs instead)")
     args = parser.parse_args(argv)
     if not args.out and not args.learner_token:
         parser.error("give --out DIR (CurveZMQ keys) or --learner-token FILE")
