@@ -178,6 +178,14 @@ def throughput(results: Path) -> str:
     return "\n".join(rows)
 
 
+def train_throughput(results: Path) -> str:
+    """Generation inside `train` against vLLM offline on the same model and cores, and the time to the first learner
+    step (bench.train_throughput): its report without the title."""
+    from bench.train_throughput import render
+
+    return render(_load(results, "train_throughput.json")).split("\n", 2)[2].rstrip("\n")
+
+
 def _ratio(ratio: float, spread: dict | None) -> str:
     """0.37 (0.27-0.54), or below 0.1 as a fraction: 1/433 (1/16,900-1/98)."""
     if ratio >= 0.1:
@@ -196,6 +204,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "pipeline": pipeline_vs_reference,
     "cost-per-gain": cost_per_gain,
     "throughput": throughput,
+    "train-throughput": train_throughput,
 }
 
 

@@ -126,7 +126,8 @@ def render(res: dict) -> str:
     best = max(res["offline"], key=lambda r: r["tokens_per_s"])
     lines = ["# Generation inside `reinforce-ada train` vs vLLM offline (realistic test model)", "",
              f"`{res['command']}`: {res['prompts']} prompts of 50-500 tokens, {res['k']} samples each at T = 1, "
-             f"max_new_tokens {res['max_new_tokens']}, {os.cpu_count()} CPU cores, all measured in one run.", "",
+             f"max_new_tokens {res['max_new_tokens']}, {res.get('cpu_count', os.cpu_count())} CPU cores, all "
+             "measured in one run.", "",
              "| setup | engines x threads | generated tokens/s | / best offline |", "|---|---|---:|---:|"]
     for r in res["offline"]:
         lines.append(f"| offline `LLM.generate` | {r['engines']} x {r['threads']} | {r['tokens_per_s']:.0f} | "
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         grpo = ("--sampling.exit_rule", "fixed", "--buffer.unresolved", "keep")
         eager = ("--producers.engine.enforce_eager", "true") if args.smoke else ()  # no compilation: starts faster
         res = {"command": "python -m bench.train_throughput " + " ".join(argv or sys.argv[1:]),
-               "prompts": args.prompts, "k": args.k, "max_new_tokens": args.max_new_tokens,
+               "prompts": args.prompts, "k": args.k, "max_new_tokens": args.max_new_tokens, "cpu_count": os.cpu_count(),
                "offline": [offline(untrained, data, args.k, args.max_new_tokens, n, args.smoke) for n in counts],
                "train": [train(untrained, data, runs, n, args.steps, args.max_new_tokens, *grpo, *eager)
                          for n in counts],
