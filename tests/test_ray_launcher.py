@@ -92,15 +92,17 @@ def test_a_run_on_two_ray_nodes_places_by_resource_spreads_the_learner_and_survi
         assert sorted(n["node"] for n in placed["learner"]["nodes"]) == sorted(nodes.values()), placed  # one a node
         assert all(n["pid"] for n in placed["learner"]["nodes"]), placed
         assert {placed[n]["node"] for n in ("producer-0", "producer-1")} == {nodes["node_b"]}, placed
+        # the learner's second node is lost early in the run (a loss near its end raced the final steps): the gang
+        # is placed anew and resumes from its checkpoint
+        rank1 = next(n for n in placed["learner"]["nodes"] if n["node"] != placed["learner"]["node"])
+        os.kill(rank1["actor_pid"], signal.SIGKILL)
+        _wait(lambda: _placement(run)["learner"]["restarts"] == 1, proc, "the learner's restart on two nodes")
         os.kill(placed["producer-0"]["pid"], signal.SIGKILL)  # the process dies; its actor reports the exit
         _wait(lambda: _placement(run)["producer-0"]["restarts"] == 1, proc, "producer-0's restart")
         steps = _steps(run)
         os.kill(placed["producer-1"]["actor_pid"], signal.SIGKILL)  # the actor dies, as with its node
         _wait(lambda: _placement(run)["producer-1"]["restarts"] == 1, proc, "producer-1's new actor")
-        _wait(lambda: _steps(run) > steps, proc, "a step after both kills")
-        rank1 = next(n for n in _placement(run)["learner"]["nodes"] if n["node"] != placed["learner"]["node"])
-        os.kill(rank1["actor_pid"], signal.SIGKILL)  # the learner's second node is lost: the gang is placed anew
-        _wait(lambda: _placement(run)["learner"]["restarts"] == 1, proc, "the learner's restart on two nodes")
+        _wait(lambda: _steps(run) > steps, proc, "a step after the three kills")
         out, _ = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:

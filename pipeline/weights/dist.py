@@ -164,7 +164,10 @@ class DistPublisher:
         if self._group is not None:
             self._group.close()
             self._group = None
-        self._sock.close()
+        try:
+            self._sock.close()
+        except OSError:  # the store was handed this listening socket's fd and may have closed it first (seen in CI)
+            pass
 
     # ---- the sender thread ----
 
