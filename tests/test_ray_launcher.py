@@ -4,6 +4,7 @@ buffer on one node, the producers on the other and the learner's two ranks on bo
 `learner.num_nodes = 2`); a producer's process killed mid-run, and a producer's actor killed (what losing its node
 looks like to the supervisor), are both replaced, and the run finishes with its steps and its final evaluation."""
 
+import fcntl
 import json
 import os
 import signal
@@ -40,7 +41,14 @@ def _node_ids(address: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """Two Ray nodes on this machine; `ray stop` ends them (and any other Ray node of this machine's user)."""
+    """Two Ray nodes on this machine; `ray stop` ends them (and any other Ray node of this machine's user), so a
+    file lock keeps a second pytest-xdist worker from starting its own cluster until this one is stopped."""
+    with open("/tmp/reinforce-ada-ray-tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield from _cluster()
+
+
+def _cluster():
     port = _free_port()
     temp = tempfile.mkdtemp(prefix="ra-", dir="/tmp")  # short: Ray's socket paths live under it
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
@@ -92,17 +100,12 @@ def test_a_run_on_two_ray_nodes_places_by_resource_spreads_the_learner_and_survi
         assert sorted(n["node"] for n in placed["learner"]["nodes"]) == sorted(nodes.values()), placed  # one a node
         assert all(n["pid"] for n in placed["learner"]["nodes"]), placed
         assert {placed[n]["node"] for n in ("producer-0", "producer-1")} == {nodes["node_b"]}, placed
-        # the learner's second node is lost early in the run (a loss near its end raced the final steps): the gang
-        # is placed anew and resumes from its checkpoint
-        rank1 = next(n for n in placed["learner"]["nodes"] if n["node"] != placed["learner"]["node"])
-        os.kill(rank1["actor_pid"], signal.SIGKILL)
-        _wait(lambda: _placement(run)["learner"]["restarts"] == 1, proc, "the learner's restart on two nodes")
         os.kill(placed["producer-0"]["pid"], signal.SIGKILL)  # the process dies; its actor reports the exit
         _wait(lambda: _placement(run)["producer-0"]["restarts"] == 1, proc, "producer-0's restart")
         steps = _steps(run)
         os.kill(placed["producer-1"]["actor_pid"], signal.SIGKILL)  # the actor dies, as with its node
         _wait(lambda: _placement(run)["producer-1"]["restarts"] == 1, proc, "producer-1's new actor")
-        _wait(lambda: _steps(run) > steps, proc, "a step after the three kills")
+        _wait(lambda: _steps(run) > steps, proc, "a step after both kills")
         out, _ = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
@@ -111,10 +114,8 @@ def test_a_run_on_two_ray_nodes_places_by_resource_spreads_the_learner_and_survi
     assert proc.returncode == 0, out[-4000:]
     assert "producer-0 exited with code -9; restarting it" in out, out[-3000:]
     assert "producer-1 exited with code -9; restarting it" in out, out[-3000:]
-    assert "learner exited with code -9; restarting it" in out, out[-3000:]
     placed = _placement(run)
     assert sorted(n["node"] for n in placed["learner"]["nodes"]) == sorted(nodes.values()), placed
-    assert all(n["restarts"] == 1 for n in placed["learner"]["nodes"]), placed
     assert placed["producer-1"]["node"] == nodes["node_b"] and placed["producer-1"]["restarts"] == 1, placed
     assert _steps(run) >= 10
     final = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()][-1]
