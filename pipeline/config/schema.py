@@ -17,6 +17,7 @@ import msgspec
 from msgspec import Meta
 
 from pipeline.config.base import Section, field_error, register_root
+from pipeline.cores import parse_cores
 
 
 class ModelConfig(Section):
@@ -172,6 +173,15 @@ class BufferConfig(Section):
         "did: no group can carry a learning signal, so the time would be wasted (0 = never stop)"))] = 2048
 
 
+def check_cores(section: Section, key: str) -> None:
+    """A core list's syntax is checked at load; whether the machine has those cores, where the process starts."""
+    spec = str(getattr(section, key))  # a single core may come as a number: cpu_cores = 1
+    try:
+        parse_cores(spec) if spec else None
+    except ValueError as e:
+        section.require(False, key, str(e))
+
+
 class LearnerConfig(Section):
     """The learner: loss, optimizer, batches, backend, run length."""
 
@@ -208,8 +218,11 @@ class LearnerConfig(Section):
                                                              "~30% slower)")] = False
     cpu_threads: Annotated[int, Meta(ge=0, description="torch threads of a CPU learner (0 = torch's default: all "
                                                        "cores)")] = 0
+    cpu_cores: Annotated[int | str, Meta(description='pin every learner rank to these CPU cores, e.g. "0" or "0-3,8" '
+                                               '("" = no pinning): the learner\'s share of a shared CPU')] = ""
 
     def check(self) -> None:
+        check_cores(self, "cpu_cores")
         self.require(self.dual_clip == 0 or self.dual_clip > 1, "dual_clip", "must be > 1, or 0 to turn it off")
         self.require(self.tis_cap == 0 or self.tis_cap >= 1, "tis_cap", "must be >= 1, or 0 to turn it off")
         self.require(self.batch_prompts % self.mini_batches == 0, "mini_batches",
@@ -233,8 +246,13 @@ class EngineConfig(Section):
     cpu_kv_cache_gb: Annotated[float, Meta(gt=0, description="KV cache size on the CPU backend "
                                                              "(VLLM_CPU_KVCACHE_SPACE)")] = 1.0
     cpu_threads: Annotated[int, Meta(ge=0, description="torch threads per CPU engine (0 = let vLLM choose)")] = 0
+    cpu_cores: Annotated[int | str, Meta(description='pin each producer and its engine to these CPU cores, e.g. "1" or '
+                                               '"4-7" ("" = no pinning; vLLM binds its threads itself)')] = ""
     extra: Annotated[dict[str, Any], Meta(description="further vllm.AsyncEngineArgs keyword arguments, passed as "
                                                       "they are")] = {}
+
+    def check(self) -> None:
+        check_cores(self, "cpu_cores")
 
 
 class ProducersConfig(Section):

@@ -24,6 +24,7 @@ from pipeline.consumer.fetch import LearnerError, fetch_batch
 from pipeline.consumer.learner import Learner
 from pipeline.consumer.runlog import RunLog
 from pipeline.consumer.stopping import Stopped, StopSignals
+from pipeline.cores import pin_cores
 from pipeline.export import HF_DIR, HfSource
 from pipeline.transport import BufferClient, parse_connect, unique_identity
 
@@ -75,6 +76,7 @@ def run(cfg: Config, connect: str | None = None, resume: bool = False) -> int:
     stopped it)."""
     lc = cfg.learner
     stop = StopSignals()
+    pin_cores(lc.cpu_cores, "learner.cpu_cores")  # before torch starts its threads: they inherit the pin
     if lc.cpu_threads:
         torch.set_num_threads(lc.cpu_threads)  # leave the other cores to the engines on a shared CPU machine
     learner = Learner(cfg)

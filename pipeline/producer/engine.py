@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pipeline.config import EngineConfig, SamplingConfig
+from pipeline.cores import pin_cores
 from pipeline.models import model_max_len
 from pipeline.protocol import RoundAssignment
 
@@ -137,6 +138,9 @@ def configure_cpu_env(engine_cfg: EngineConfig) -> None:
     """Environment the CPU backend reads when the engine process starts (set before it is spawned)."""
     # vLLM reads a whole number of GiB; round up so a fractional setting never yields 0 (= auto-size).
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(engine_cfg.cpu_kv_cache_gb)))
+    if pin_cores(engine_cfg.cpu_cores, "producers.engine.cpu_cores"):
+        # the engine core process inherits this process's pin; vLLM's own binding would override it
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     if engine_cfg.cpu_threads > 0:
         # no core pinning: several producers on one machine would otherwise pin the same cores
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
