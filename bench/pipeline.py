@@ -12,9 +12,10 @@ the tiny model, configs/tiny.toml's engine settings). Arms are interleaved over 
 reference's s/step over the arm's within a repeat, given as the median and the min-max over repeats. Each step's
 time is the interval between the learner's step ends; the first WARMUP steps are left out.
 
-The timeline (bench/pipeline_timeline.py, scripted engine): each producer's busy and idle time, the learner's wait,
-train and publish, the hand-off of new weights and the tail of each batch, from the last repeat; the picture goes
-next to the table (--out with .png).
+The timeline (bench/pipeline_timeline.py; both engines, the vLLM producers' from `producer --timeline`): each
+producer's busy and idle time, the learner's wait, train and publish, the hand-off of new weights (and a vLLM
+producer's weight loads) and the tail of each batch; the pictures go next to the table (--out with .png, and
+_vllm.png), from the last repeat.
 
     python -m bench.pipeline [--engines scripted,vllm] [--steps 14] [--repeats 3] [--vllm-steps 10] [--batch 16]
 """
@@ -72,7 +73,8 @@ def _producers(args, engine: str, run_dir: Path, port: int, model_dir: str) -> l
         if engine == "vllm":
             cmd = [sys.executable, "-m", "pipeline.cli", "producer", "--connect", f"127.0.0.1:{port}", "--id",
                    f"p{i}", "--model", model_dir, *_config(engine), *PAPER, "--run.dir", str(run_dir), "--run.name",
-                   "bench", "--weights.dir", str(run_dir / "weights")]  # producers load only from this folder
+                   "bench", "--weights.dir", str(run_dir / "weights"),  # producers load only from this folder
+                   "--timeline", str(run_dir / f"p{i}.jsonl")]
         else:
             cmd = scripted_command("producer", port, "--id", f"p{i}", "--round-seconds", str(args.round_seconds),
                                    "--max-rounds", str(args.max_rounds), "--vocab", "99", "--tokens", str(TOKENS),
@@ -124,7 +126,7 @@ def run_arm(args, engine: str, model_dir: str, arm) -> dict:
            "staleness_seen": max(r.get("staleness_max", 0) for r in rows),
            "samples_per_step": statistics.median(r.get("buffer/samples_per_released_group", 0) for r in rows)}
     if producers:
-        out["timeline"] = tl.summarize(rows, producers, WARMUP, args.max_rounds)
+        out["timeline"] = tl.summarize(rows, producers, WARMUP, _slots(args, engine))
         out["raw"] = (rows, producers)
     return out
 
@@ -135,6 +137,15 @@ def _spread(values: list[float]) -> dict:
 
 def _steps(args, engine: str) -> int:
     return args.vllm_steps if engine == "vllm" else args.steps
+
+
+def _slots(args, engine: str) -> int:
+    """Rounds a producer asks for at most in one WorkRequest (the timeline's 'round slots')."""
+    if engine == "scripted":
+        return args.max_rounds
+    from pipeline.config import load_config
+
+    return load_config(str(ROOT / "configs" / "tiny.toml")).producers.max_rounds
 
 
 def _repeats(args, engine: str) -> int:
@@ -193,7 +204,8 @@ def report(args, results: dict) -> str:
         lines += ["", "Timeline (bench/pipeline_timeline.py; per measured step, medians over repeats; busy and slots "
                   "used as shares):", "",
                   "| arm | learner wait s | of it the tail s | train s | publish s | weights hand-off s | "
-                  "producers busy | round slots used |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "of it the weight load s | producers busy | round slots used |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for arm in ARMS:
             t = data["arms"][str(arm)]["timeline"]
             med = lambda f, t=t: statistics.median(f(x) for x in t)  # noqa: E731
@@ -201,9 +213,15 @@ def report(args, results: dict) -> str:
                 f"| {_name(arm)} | {med(lambda x: x['per_step_s']['wait']):.3f} | "
                 f"{med(lambda x: x['per_step_s']['tail']):.3f} | {med(lambda x: x['per_step_s']['train']):.3f} | "
                 f"{med(lambda x: x['per_step_s']['publish']):.3f} | {med(lambda x: x['handoff_s_median']):.3f} | "
-                f"{med(lambda x: statistics.mean(x['producer_busy_share'].values())):.2f} | "
+                f"{_load_cell(t)} | {med(lambda x: statistics.mean(x['producer_busy_share'].values())):.2f} | "
                 f"{med(lambda x: x['slots_used']):.2f} |")
     return "\n".join(lines)
+
+
+def _load_cell(timelines: list[dict]) -> str:
+    """Median weight-load seconds, or '-' where the engine records none (the scripted one loads instantly)."""
+    loads = [t["weight_load_s_median"] for t in timelines if t.get("weight_load_s_median") is not None]
+    return f"{statistics.median(loads):.3f}" if loads else "-"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,8 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text + "\n")
     out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "engines": results}, indent=1) + "\n")
-    if "scripted" in raw:  # the timeline needs the scripted producers' records
-        tl.plot({_name(a): raw["scripted"][str(a)] for a in ARMS}, WARMUP, args.max_rounds, out.with_suffix(".png"))
+    for engine, runs in raw.items():  # the producers' timelines (--timeline) as a picture per engine
+        if all(runs[str(a)] for a in ARMS):
+            name = out.with_suffix(".png") if engine == "scripted" else out.with_name(f"{out.stem}_{engine}.png")
+            tl.plot({_name(a): runs[str(a)] for a in ARMS}, WARMUP, _slots(args, engine), name)
     return 0
 
 

@@ -3,7 +3,8 @@ the hand-off of new weights, and the tail of each batch; and the timeline as a p
 
 Inputs, all in wall-clock seconds: the learner's metrics rows (`time` = a step's end, after its VersionUpdate was
 sent; `wait_seconds`, `step_seconds` = train + publish, `publish_seconds`) and each scripted producer's timeline
-(`pipeline.testing.scripted --timeline`: WorkRequests and assignments with their rounds). Only the measured window
+(`pipeline.testing.scripted --timeline` or a vLLM producer's `--timeline`: WorkRequests, assignments with their
+rounds, and a vLLM producer's weight loads). Only the measured window
 counts: from the end of the last warm-up step to the end of the last step.
 
 - busy: a producer generating (an assignment in progress); idle is the rest of the window;
@@ -79,6 +80,8 @@ def summarize(rows: list[dict], producers: dict[str, list[dict]], warmup: int, m
     idle_any = _union([s for spans in busy.values() for s in _complement(spans, lo, hi)])
     tail = _intersect(learner["wait"], idle_any)
     gens = [e for ev in producers.values() for e in ev if e["kind"] == "generate" and lo <= e["start"] < hi]
+    loads = [e["end"] - e["start"] for ev in producers.values() for e in ev
+             if e["kind"] == "weights" and lo <= e["start"] < hi]  # a vLLM producer's weight loads
     handoff = []
     for r in rows[warmup:-1]:
         for ev in producers.values():
@@ -94,6 +97,7 @@ def summarize(rows: list[dict], producers: dict[str, list[dict]], warmup: int, m
         "rounds_per_assignment": statistics.mean(e["rounds"] for e in gens) if gens else 0.0,
         "slots_used": statistics.mean(e["rounds"] for e in gens) / max_rounds if gens else 0.0,
         "handoff_s_median": statistics.median(handoff) if handoff else 0.0,
+        "weight_load_s_median": statistics.median(loads) if loads else None,
     }
 
 

@@ -564,3 +564,27 @@ def test_producer_process_end_to_end(producer_proc, models):
     buf.pump(0.5)
     assert proc.returncode == 0
     assert 4 in buf.results
+
+
+def test_worker_timeline_records_requests_assignments_and_weight_loads():
+    """`producer --timeline`: what bench.pipeline's timeline reads (wall-clock spans, an assignment from its rounds'
+    start to the last one's end)."""
+    async def scenario():
+        engine, client = FakeEngine(delay_s=0.1), FakeClient()
+        prod = _producer(engine, client, timeline=True)
+        task = asyncio.create_task(prod.run())
+        await until(lambda: client.of(P.WorkRequest))
+        weights = P.WeightAnnouncement(3, "file:///dev/shm/w/v000003.safetensors", 10)
+        await client.replies.put(P.Assignments([_assign(1), _assign(2)], 3, weights))
+        await until(lambda: len(client.of(P.RoundResult)) == 2)
+        prod.stop("test", grace_s=0.0)
+        assert await asyncio.wait_for(task, 5) == 0
+        return prod.timeline
+
+    events = asyncio.run(scenario())
+    kinds = [e["kind"] for e in events]
+    assert kinds[:3] == ["request", "weights", "generate"], kinds
+    req, load, gen = events[:3]
+    assert req["rounds"] == 2 and load["version"] == 3 and req["start"] <= load["start"] <= load["end"]
+    assert gen["rounds"] == 2 and gen["version"] == 3 and gen["end"] - gen["start"] >= 0.1  # both rounds ran
+    assert _producer(FakeEngine(), FakeClient()).timeline is None  # off unless asked for

@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGTERM, how long running rounds may take to finish before they are aborted")
     p.add_argument("--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="overrides run.log_level for this producer")
+    p.add_argument("--timeline", default="", metavar="FILE",
+                   help="write every work request, assignment and weight load (wall-clock start and end) here as "
+                        "JSONL when the producer stops: where its time went (bench.pipeline reads it)")
     return p
 
 
@@ -61,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipeline.producer.worker import run_producer
 
-    return asyncio.run(run_producer(cfg, router_url, control_url, producer_id, model_path, grace_s=args.grace))
+    return asyncio.run(run_producer(cfg, router_url, control_url, producer_id, model_path, grace_s=args.grace,
+                                    timeline=args.timeline))
 
 
 if __name__ == "__main__":

@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import random
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -59,7 +61,8 @@ class Producer:
     """The producer's state and loops; `run_producer` builds one and runs it."""
 
     def __init__(self, cfg: Config, client: BufferLink, engine: RoundEngine, pool: Scorer, producer_id: str,
-                 grace_s: float = 10.0, request_timeout_s: float = 5.0, heartbeat_s: float = 1.0) -> None:
+                 grace_s: float = 10.0, request_timeout_s: float = 5.0, heartbeat_s: float = 1.0,
+                 timeline: bool = False) -> None:
         self.cfg, self.client, self.engine, self.pool = cfg, client, engine, pool
         self.id = producer_id
         self.grace_s, self.request_timeout_s, self.heartbeat_s = grace_s, request_timeout_s, heartbeat_s
@@ -81,6 +84,9 @@ class Producer:
         self.learner_version = 0
         self.stats = ProducerStats()
         self.counts = self.stats.counts
+        # with `timeline`: every WorkRequest (sent, answered), every assignment (its rounds' first start to last
+        # end) and every weight load, in wall-clock seconds (bench.pipeline's timeline; `--timeline FILE`)
+        self.timeline: list[dict] | None = [] if timeline else None
         engine.on_sample_done = self._capacity.set
 
     # ---- entry ----
@@ -137,9 +143,12 @@ class Producer:
                 await _wait_first(self._capacity.wait(), self._stop.wait(), timeout=1.0)
                 continue
             self._reply = asyncio.get_running_loop().create_future()
-            sent = time.monotonic()
+            sent, asked = time.monotonic(), time.time()
             await self.client.send(P.WorkRequest(self.id, num, self.engine.version, samples))
             await _wait_first(self._reply, self._stop.wait(), timeout=self.request_timeout_s)
+            if self.timeline is not None:
+                self.timeline.append({"kind": "request", "start": asked, "end": time.time(),
+                                      "rounds": len(self._reply.result().rounds) if self._reply.done() else 0})
             if self._stop.is_set():
                 break
             if not self._reply.done():
@@ -169,6 +178,7 @@ class Producer:
         self.learner_version = max(self.learner_version, reply.learner_version)
         if reply.weights is not None:
             await self._load_weights(reply.weights)
+        started, tasks = time.time(), []
         for a in reply.rounds:
             if a.round_id in self._rounds:
                 continue  # a duplicate assignment
@@ -179,6 +189,13 @@ class Producer:
             self.stats.set_busy(True)
             self._rounds[a.round_id] = task = asyncio.create_task(self._run_round(a))
             task.add_done_callback(self._check_task)
+            tasks.append(task)
+        if self.timeline is not None and tasks:
+            event = {"kind": "generate", "start": started, "end": started, "rounds": len(tasks),
+                     "version": self.engine.version}
+            self.timeline.append(event)
+            asyncio.gather(*tasks, return_exceptions=True).add_done_callback(
+                lambda _: event.__setitem__("end", time.time()))
         # let the new tasks reach the engine (it counts a round from its first step) before capacity is read
         await asyncio.sleep(0)
 
@@ -333,7 +350,10 @@ class Producer:
                 log.error("refused weights version %d: %s", w.version, problem)
                 return
             try:
+                t0 = time.time()
                 seconds = await self.loader.load(w)
+                if self.timeline is not None:
+                    self.timeline.append({"kind": "weights", "start": t0, "end": time.time(), "version": w.version})
             except Exception as exc:  # noqa: BLE001 - keep generating with the weights we have
                 if self.engine.is_dead:
                     self.stop(f"the engine died loading weights: {exc!r}", grace_s=0.0, exit_code=1)
@@ -402,8 +422,9 @@ async def _wait_first(*aws: Any, timeout: float) -> None:
 
 
 async def run_producer(cfg: Config, router_url: str, control_url: str, producer_id: str, model_path: str,
-                       *, grace_s: float = 10.0, request_timeout_s: float = 5.0) -> int:
-    """Run one producer until SIGTERM/SIGINT, a Shutdown message or engine death. Returns the exit code."""
+                       *, grace_s: float = 10.0, request_timeout_s: float = 5.0, timeline: str = "") -> int:
+    """Run one producer until SIGTERM/SIGINT, a Shutdown message or engine death. Returns the exit code.
+    `timeline`: write the producer's timeline (Producer.timeline) there as JSONL when it stops."""
     from pipeline.producer.engine import Engine
     from pipeline.rewards import RewardPool
     from pipeline.transport import AsyncBufferClient
@@ -424,9 +445,14 @@ async def run_producer(cfg: Config, router_url: str, control_url: str, producer_
         if stopped:
             log.info("producer %s stopping before its first request: %s", producer_id, stopped[0])
             return 0
-        producer = Producer(cfg, client, engine, pool, producer_id, grace_s, request_timeout_s)
+        producer = Producer(cfg, client, engine, pool, producer_id, grace_s, request_timeout_s,
+                            timeline=bool(timeline))
         log.info("producer %s ready (model %s, buffer %s)", producer_id, model_path, router_url)
-        return await producer.run()
+        try:
+            return await producer.run()
+        finally:
+            if timeline:
+                Path(timeline).write_text("".join(json.dumps(e) + "\n" for e in producer.timeline or []))
     finally:
         client.close()  # lingers up to 1 s so the last results and heartbeat go out
         if engine is not None:
