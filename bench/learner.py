@@ -1,12 +1,15 @@
 """Learner throughput vs a plain transformers training step, and weight-publish time vs memcpy.
 
     .venv/bin/python -m bench.learner [--reps 5] [--hidden 256] [--layers 2] [--vocab 4096] [--groups 8]
+    .venv/bin/python -m bench.learner --model smollm2 --groups 2 --threads 2 --out bench/results/learner_smollm2.md
 
 Throughput: the same random Llama and the same batch of groups go through
   - `Learner.train_step` (one mini-batch, one optimizer step; batching, PPO loss, stats included), and
   - a plain step: `model(input_ids, attention_mask, labels)` (HF cross-entropy over the completion, logits
     at every position), backward, grad clip, AdamW step,
 interleaved rep by rep after a warm-up; the report gives median tokens/s and their ratio (target >= 0.9).
+`--model` runs the same comparison on a real pretrained model instead (a Hugging Face directory, a .gguf file, or
+`smollm2`: SmolLM2-135M-Instruct, built once into .cache/); its batch is random tokens of that model's vocabulary.
 Publish: `state_dict_for_publish` + `publish_weights` into /dev/shm vs copying the same bytes in memory.
 Writes bench/results/learner.md (and its numbers to learner.json).
 """
@@ -29,6 +32,16 @@ def build_model(path: Path, hidden: int, layers: int, vocab: int) -> Path:
     return save_random_llama(path, vocab=vocab, hidden=hidden, layers=layers, heads=hidden // 32,
                              kv_heads=hidden // 32, head_dim=32, intermediate=int(hidden * 8 / 3) // 16 * 16,
                              max_positions=1024, seed=0)
+
+
+def real_model(name: str) -> Path:
+    """A pretrained model's directory: 'smollm2' (built once), a .gguf file (converted once) or an HF directory."""
+    from pipeline.pretrained import SMOLLM2, resolve_pretrained
+
+    path = Path(resolve_pretrained(SMOLLM2 if name == "smollm2" else name) or name)
+    if not (path / "config.json").is_file():
+        raise SystemExit(f"--model {name}: not a Hugging Face model directory, a .gguf file or 'smollm2'")
+    return path
 
 
 def make_batch(num_groups: int, n: int, vocab: int, seed: int = 0):
@@ -160,6 +173,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--model", default=None,
+                    help="a real model (HF directory, .gguf, or 'smollm2') instead of the random Llama")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU time is then a clean measure)")
     ap.add_argument("--big-mib", type=int, default=512, help="size of the synthetic bf16 set for the publish rows")
     ap.add_argument("--publish-reps", type=int, default=7, help="timed publish / memcpy reps per tensor set")
@@ -172,7 +187,12 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as d, tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
         tmp = Path(d)
-        model_dir = build_model(tmp / "model", args.hidden, args.layers, args.vocab)
+        if args.model:
+            model_dir = real_model(args.model)
+            cfg = json.loads((model_dir / "config.json").read_text())
+            args.hidden, args.layers, args.vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+        else:
+            model_dir = build_model(tmp / "model", args.hidden, args.layers, args.vocab)
         groups = make_batch(args.groups, 4, args.vocab)
         r = bench_throughput(model_dir, groups, args.reps, tmp)
         state = {k: v.detach() for k, v in load_model(model_dir).state_dict().items()}
@@ -184,7 +204,8 @@ def main(argv=None) -> int:
     big_name = f"{len(big)} x 4096^2"
     lines = [
         "# Learner benchmark", "",
-        f"CPU ({torch.get_num_threads()} threads), torch {torch.__version__}; random Llama hidden {args.hidden}, "
+        f"CPU ({torch.get_num_threads()} threads), torch {torch.__version__}; "
+        f"{'model ' + args.model if args.model else 'random Llama'} hidden {args.hidden}, "
         f"{args.layers} layers, vocab {args.vocab} ({params / 1e6:.1f} M params); {args.groups} groups x 4 "
         f"samples, {r['tokens']} tokens (prompts 32-95, completions 16-191); median of {args.reps} "
         "interleaved reps after one warm-up. On a shared machine wall time swings with the neighbours' load; "
@@ -209,7 +230,8 @@ def main(argv=None) -> int:
               "| weights | MiB | publish MiB/s | memcpy (preallocated) MiB/s | publish / memcpy | copy to new memory "
               "MiB/s (not a baseline) |",
               "|---|---:|---:|---:|---:|---:|"]
-    for name, p in (("bench model fp32", pub_model), (f"synthetic {big_name} bf16", pub_big)):
+    model_row = "the model fp32" if args.model else "bench model fp32"
+    for name, p in ((model_row, pub_model), (f"synthetic {big_name} bf16", pub_big)):
         lines.append(f"| {name} | {p['mb']:.0f} | {_spread(p['publish_mbs_spread'])} | "
                      f"{_spread(p['memcpy_mbs_spread'])} | {_spread(p['ratio_to_memcpy_spread'], '.2f')} | "
                      f"{_spread(p['fresh_mbs_spread'])} |")

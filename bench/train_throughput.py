@@ -57,9 +57,23 @@ if __name__ == "__main__":
 """
 
 
-def offline(model: Path, data: Path, k: int, new_tokens: int, engines: int, eager: bool = False) -> dict:
-    """Generated tokens/s of `engines` offline engines run at once, the cores split evenly between them."""
-    threads = max(1, (os.cpu_count() or 2) // engines)
+def split_cores() -> tuple[str, str]:
+    """(the learner's cores, the producer's cores) of the pinned arms: the lower half and the upper half."""
+    from pipeline.cores import compact
+
+    cores = sorted(os.sched_getaffinity(0))
+    half = max(1, len(cores) // 2)
+    return compact(cores[:half]), compact(cores[half:] or cores[:half])
+
+
+def offline(model: Path, data: Path, k: int, new_tokens: int, engines: int, eager: bool = False,
+            cores: str = "") -> dict:
+    """Generated tokens/s of `engines` offline engines run at once, the cores split evenly between them (or one
+    engine pinned to `cores`, with one thread per core)."""
+    from pipeline.cores import parse_cores
+
+    pin = parse_cores(cores) if cores else None
+    threads = len(pin) if pin else max(1, (os.cpu_count() or 2) // engines)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
            "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(ROOT)}
     # each engine's stderr goes to a file (a pipe read only after the other engine finished could stall it), and
@@ -67,7 +81,9 @@ def offline(model: Path, data: Path, k: int, new_tokens: int, engines: int, eage
     errs = [tempfile.TemporaryFile("w+") for _ in range(engines)]
     procs = [subprocess.Popen([sys.executable, "-c", OFFLINE, str(model), str(data), str(k), str(new_tokens),
                                str(i), str(engines), "1" if eager else "0"], env=env, stdout=subprocess.PIPE,
-                              stderr=errs[i], text=True, cwd=ROOT) for i in range(engines)]
+                              stderr=errs[i], text=True, cwd=ROOT,
+                              preexec_fn=(lambda: os.sched_setaffinity(0, pin)) if pin else None)
+             for i in range(engines)]
     results = []
     for i, p in enumerate(procs):
         out, _ = p.communicate(timeout=1800)
@@ -83,7 +99,7 @@ def offline(model: Path, data: Path, k: int, new_tokens: int, engines: int, eage
     tokens = sum(r["tokens"] for r in results)
     seconds = max(r["seconds"] for r in results)  # they run at the same time: the pair is done when both are
     return {"engines": engines, "threads": threads, "tokens": tokens, "seconds": seconds,
-            "tokens_per_s": tokens / seconds}
+            "tokens_per_s": tokens / seconds, "cores": cores}
 
 
 def _stamp(line: str) -> float | None:
@@ -92,8 +108,15 @@ def _stamp(line: str) -> float | None:
 
 
 def train(model: Path, data: Path, run_dir: Path, producers: int, steps: int, new_tokens: int,
-          *extra: str) -> dict:
-    threads = max(1, (os.cpu_count() or 2) // producers)
+          *extra: str, pinned: tuple[str, str] | None = None) -> dict:
+    """One `train` run; `pinned` = (learner cores, producer cores): the learner (one thread per core) and the one
+    producer's engine each on their own cores (the buffer and the reward workers float)."""
+    from pipeline.cores import parse_cores
+
+    threads = len(parse_cores(pinned[1])) if pinned else max(1, (os.cpu_count() or 2) // producers)
+    if pinned:
+        extra = (*extra, "--learner.cpu_cores", pinned[0], "--learner.cpu_threads", str(len(parse_cores(pinned[0]))),
+                 "--producers.engine.cpu_cores", pinned[1])
     cmd = [sys.executable, "-m", "pipeline.cli", "train", "--config", str(ROOT / "configs" / "tiny.toml"),
            "--model.path", str(model), "--data.train_files", json.dumps([str(data)]), "--data.template", "auto",
            "--learner.eval_every", "0", "--sampling.max_new_tokens", str(new_tokens),
@@ -116,25 +139,52 @@ def train(model: Path, data: Path, run_dir: Path, producers: int, steps: int, ne
                 break
     steady = [r["producers/tokens_per_s"] for r in rows[1:]] or [rows[0]["producers/tokens_per_s"]]
     return {"producers": producers, "threads": threads, "steps": len(rows), "wall_s": wall,
+            "pinned": list(pinned) if pinned else None, "learner_busy": learner_busy(rows),
             "engines_ready_s": max(ready) - t0 if ready else float("nan"),
             "first_step_after_ready_s": rows[0]["time"] - max(ready) if ready else float("nan"),
             "tokens_per_s": statistics.median(steady),
             "step_seconds": statistics.median(r["step_seconds"] + r["wait_seconds"] for r in rows[1:] or rows)}
 
 
+def learner_busy(rows: list[dict]) -> float:
+    """The learner's share of the run's time spent training (the rest it waited for batches), steps after the
+    first."""
+    rows = rows[1:] or rows
+    train_s = sum(r["step_seconds"] for r in rows)
+    return train_s / max(1e-9, train_s + sum(r["wait_seconds"] for r in rows))
+
+
 def render(res: dict) -> str:
-    best = max(res["offline"], key=lambda r: r["tokens_per_s"])
+    best = max([r for r in res["offline"] if not r.get("cores")] or res["offline"], key=lambda r: r["tokens_per_s"])
     lines = ["# Generation inside `reinforce-ada train` vs vLLM offline (realistic test model)", "",
              f"`{res['command']}`: {res['prompts']} prompts of 50-500 tokens, {res['k']} samples each at T = 1, "
              f"max_new_tokens {res['max_new_tokens']}, {res.get('cpu_count', os.cpu_count())} CPU cores, all "
              "measured in one run.", "",
              "| setup | engines x threads | generated tokens/s | / best offline |", "|---|---|---:|---:|"]
     for r in res["offline"]:
-        lines.append(f"| offline `LLM.generate` | {r['engines']} x {r['threads']} | {r['tokens_per_s']:.0f} | "
-                     f"{r['tokens_per_s'] / best['tokens_per_s']:.2f} |")
+        if not r.get("cores"):
+            lines.append(f"| offline `LLM.generate` | {r['engines']} x {r['threads']} | {r['tokens_per_s']:.0f} | "
+                         f"{r['tokens_per_s'] / best['tokens_per_s']:.2f} |")
     for r in res["train"]:
-        lines.append(f"| `train` (buffer, learner and reward workers share the cores) | {r['producers']} x "
-                     f"{r['threads']} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / best['tokens_per_s']:.2f} |")
+        if not r.get("pinned"):
+            lines.append(f"| `train` (buffer, learner and reward workers share the cores) | {r['producers']} x "
+                         f"{r['threads']} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / best['tokens_per_s']:.2f} |")
+    pinned_off = [r for r in res["offline"] if r.get("cores")]
+    pinned_train = [r for r in res["train"] if r.get("pinned")]
+    if pinned_off and pinned_train:
+        off, tr = pinned_off[0], pinned_train[0]
+        lines += ["", f"Each role on its own cores (`learner.cpu_cores = \"{tr['pinned'][0]}\"`, "
+                  "`learner.cpu_threads` = its core count; "
+                  f"`producers.engine.cpu_cores = \"{tr['pinned'][1]}\"`), against an offline engine pinned "
+                  "to the producer's cores: what the pipeline costs generation when the learner does not take "
+                  "the producer's cores (the buffer and the reward workers are not pinned).", "",
+                  "| setup | cores | generated tokens/s | / offline on the same cores | learner busy |",
+                  "|---|---|---:|---:|---:|",
+                  f"| offline `LLM.generate`, 1 engine x {off['threads']} thread(s) | {off['cores']} | "
+                  f"{off['tokens_per_s']:.0f} | 1.00 | |",
+                  f"| `train`, 1 producer x {tr['threads']} thread(s) | producer {tr['pinned'][1]}, learner "
+                  f"{tr['pinned'][0]} | {tr['tokens_per_s']:.0f} | {tr['tokens_per_s'] / off['tokens_per_s']:.2f} | "
+                  f"{tr['learner_busy']:.0%} |"]
     lines += ["", "Time to the first learner step (trained realistic model, Reinforce-Ada-balance):", "",
               "| train setup | engines ready after | first learner step after engines ready | s per step "
               "(steady) | steps |", "|---|---:|---:|---:|---:|"]
@@ -151,12 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--k", type=int, default=4, help="samples per prompt offline (= sampling.group_size, GRPO's n)")
     p.add_argument("--out", default=str(RESULTS / "train_throughput"))
-    p.add_argument("--smoke", action="store_true", help="one offline engine, one 1-producer run of 1 step, eager "
-                   "engines, no time-to-first-step part (no trained model needed): checks that every path runs")
+    p.add_argument("--smoke", action="store_true", help="the pinned pair only (one offline engine, one 1-producer "
+                   "run), eager engines, no time-to-first-step part (no trained model needed): checks every path runs")
     args = p.parse_args(argv)
     from pipeline.testing.realistic_model import ensure_realistic_model, save_untrained, write_problems
 
-    counts = (1,) if args.smoke else (1, 2)
+    counts = () if args.smoke else (1, 2)  # the smoke runs the pinned pair only: the same code paths and more
+    pinned = split_cores()
     trained = None if args.smoke else ensure_realistic_model()
     with tempfile.TemporaryDirectory() as tmp:
         untrained = save_untrained(Path(tmp) / "untrained")
@@ -166,9 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         eager = ("--producers.engine.enforce_eager", "true") if args.smoke else ()  # no compilation: starts faster
         res = {"command": "python -m bench.train_throughput " + " ".join(argv or sys.argv[1:]),
                "prompts": args.prompts, "k": args.k, "max_new_tokens": args.max_new_tokens, "cpu_count": os.cpu_count(),
-               "offline": [offline(untrained, data, args.k, args.max_new_tokens, n, args.smoke) for n in counts],
+               "offline": [offline(untrained, data, args.k, args.max_new_tokens, n, args.smoke) for n in counts]
+               + [offline(untrained, data, args.k, args.max_new_tokens, 1, args.smoke, cores=pinned[1])],
                "train": [train(untrained, data, runs, n, args.steps, args.max_new_tokens, *grpo, *eager)
-                         for n in counts],
+                         for n in counts]
+               + [train(untrained, data, runs, 1, args.steps, args.max_new_tokens, *grpo, *eager, pinned=pinned)],
                "first_step": [] if trained is None else [train(trained, data, runs, n, 3, 48) for n in counts]}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -320,9 +320,12 @@ def test_eval_noise_bench_smoke(tmp_path, tiny_model_dir):
 @pytest.mark.slow
 def test_train_throughput_smoke(tmp_path):
     """bench.train_throughput --smoke: one offline vLLM engine and one `reinforce-ada train` run on the realistic
-    model's shape (random weights, no trained model needed)."""
+    model's shape (random weights, no trained model needed), each pinned to its cores as the full bench's pinned
+    pair is (learner.cpu_cores, producers.engine.cpu_cores)."""
     out = tmp_path / "tt"
     _bench("bench.train_throughput", "--smoke", "--prompts", "8", "--steps", "2", "--max-new-tokens", "8",
            "--out", str(out), timeout_s=900)
     data = json.loads(out.with_suffix(".json").read_text())
     assert data["offline"][0]["tokens"] > 0 and data["train"][0]["steps"] == 2
+    assert data["offline"][0]["cores"] and data["train"][0]["pinned"] and 0 <= data["train"][0]["learner_busy"] <= 1
+    assert "/ offline on the same cores" in out.with_suffix(".md").read_text()
