@@ -1,13 +1,13 @@
-"""Allocation policies (pipeline/buffer/allocation.py) and the posterior behind them (posterior.py): round sizes,
+"""Allocation policies (pipeline/buffer/policy/allocation.py) and the posterior behind them (posterior.py): round sizes,
 budgets, deferral with bounded retries, the per-example history across epochs and snapshots."""
 
 import numpy as np
 import pytest
 
 from pipeline.buffer import Scheduler
-from pipeline.buffer.allocation import ALLOCATIONS, MAX_DEFERRALS, Est, MinCost, Prior, make_allocation
-from pipeline.buffer.exit_rules import Balance, make_exit_rule
-from pipeline.buffer.posterior import outlook
+from pipeline.buffer.policy.allocation import ALLOCATIONS, MAX_DEFERRALS, Est, MinCost, Prior, make_allocation
+from pipeline.buffer.policy.exit_rules import Balance, make_exit_rule
+from pipeline.buffer.policy.posterior import outlook
 from pipeline.buffer.state import History, PromptState
 from pipeline.config import BufferConfig, SamplingConfig
 from pipeline.config.base import fields, literal_choices

@@ -1,4 +1,4 @@
-"""Exit rules as objects (pipeline/buffer/exit_rules.py): each rule's condition, round size, eviction and
+"""Exit rules as objects (pipeline/buffer/policy/exit_rules.py): each rule's condition, round size, eviction and
 advantages, the registry that `sampling.exit_rule` picks from, and a new rule plugged in without touching the
 Scheduler."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pipeline.buffer import Scheduler, group_advantages, pool_advantages
-from pipeline.buffer.exit_rules import (
+from pipeline.buffer.policy.exit_rules import (
     EXIT_RULES,
     RULES,
     Balance,
@@ -113,7 +113,7 @@ def test_mixed_releases_a_lopsided_group_balance_would_keep_sampling():
 
 
 def test_rules_are_values_and_key_the_posterior_cache():
-    from pipeline.buffer.posterior import outlook
+    from pipeline.buffer.policy.posterior import outlook
 
     assert Balance() == Balance() and hash(Balance()) == hash(Balance()) and Balance() != Pos()
     assert outlook(2.0, 2.0, 0, 0, 16, Mixed(), 4) is outlook(2.0, 2.0, 0, 0, 16, Mixed(), 4)  # cached by value

@@ -2,9 +2,9 @@
 
 `Scheduler` is synchronous, deterministic and clock-free: every event carries the caller's `now`, and the same
 seed plus the same event log always produce the same groups. `BufferCore` wraps it; nothing here does I/O. The
-exit rule is an object (`exit_rules.py`): the scheduler asks it for the exit condition, whether rounds are kept
-whole, and the advantages. The allocation policy (`allocation.py`) sizes each round, may defer an example, and
-says when a visit's budget is spent.
+exit rule and the allocation policy are objects of `policy/`: the scheduler asks the rule for the exit condition,
+whether rounds are kept whole, and the advantages; the policy sizes each round, may defer an example, and says
+when a visit's budget is spent.
 
 Life of a prompt:
 1. Admission (`admission.py`). Examples are taken in the given order, wrapping around for further epochs (the
@@ -67,11 +67,10 @@ import numpy as np
 from pipeline import protocol as P
 from pipeline.buffer import state_codec as codec
 from pipeline.buffer.admission import Admission
-from pipeline.buffer.allocation import DEFAULT_WASTE, MAX_ROUNDS_FACTOR, Prior, make_allocation
 from pipeline.buffer.counters import COUNTERS, IGNORE_REASONS, MAX_REJECTIONS
-from pipeline.buffer.exit_rules import make_exit_rule
 from pipeline.buffer.leases import Leases
 from pipeline.buffer.ledger import num_tokens
+from pipeline.buffer.policy import DEFAULT_WASTE, MAX_ROUNDS_FACTOR, Prior, make_allocation, make_exit_rule
 from pipeline.buffer.pools import Pools, Released, SubmitOutcome
 from pipeline.buffer.state import History, InFlight, PromptRow, PromptState, RoundIds
 from pipeline.config import BufferConfig, SamplingConfig

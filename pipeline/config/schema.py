@@ -140,7 +140,7 @@ class SamplingConfig(Section):
         'never; higher is cheaper per useful group but trains fewer hard prompts)'))] = 0.25
 
     def check(self) -> None:
-        from pipeline.buffer.exit_rules import make_exit_rule  # the rule knows what it needs (a buffer module)
+        from pipeline.buffer.policy import make_exit_rule  # the rule knows what it needs (a buffer module)
 
         for key, problem in make_exit_rule(self.exit_rule).config_errors(self)[:1]:
             self.require(False, key, problem)

@@ -31,12 +31,14 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from pipeline.buffer.exit_rules import ExitRule
-from pipeline.buffer.posterior import Outlook, outlook
-from pipeline.buffer.state import History, PromptState
+from pipeline.buffer.policy.exit_rules import ExitRule
+from pipeline.buffer.policy.posterior import Outlook, outlook
 from pipeline.config import SamplingConfig
+
+if TYPE_CHECKING:  # annotations only: state.py imports this package (is_positive)
+    from pipeline.buffer.state import History, PromptState
 
 MAX_ROUNDS_FACTOR = 2  # hard cap: a visit is settled after this many times its budget (rounds or samples)
 MAX_DEFERRALS = 2  # an example is deferred at most this many epochs in a row

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
 
-from pipeline.buffer import logic
+from pipeline.buffer.policy.advantages import group_advantages, pool_advantages
 from pipeline.config import SamplingConfig
 
 
@@ -63,7 +63,7 @@ class ExitRule(ABC):
 
     def advantages(self, pool_rewards: Sequence[float], kept: Sequence[int], normalize_std: bool) -> list[float]:
         """The kept samples' advantages: Reinforce-Ada's r_i - mean(whole pool), optionally / std(whole pool)."""
-        return logic.pool_advantages(pool_rewards, kept, normalize_std)
+        return pool_advantages(pool_rewards, kept, normalize_std)
 
 
 class Balance(ExitRule):
@@ -122,7 +122,7 @@ class Fixed(ExitRule):
 
     def advantages(self, pool_rewards: Sequence[float], kept: Sequence[int], normalize_std: bool) -> list[float]:
         assert len(pool_rewards) == len(kept), "a fixed (GRPO) pool is exactly one round of n"
-        return logic.group_advantages([pool_rewards[i] for i in kept], normalize_std)
+        return group_advantages([pool_rewards[i] for i in kept], normalize_std)
 
     def config_errors(self, sampling: SamplingConfig) -> list[tuple[str, str]]:
         if sampling.allocation != "uniform":
