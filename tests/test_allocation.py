@@ -10,7 +10,7 @@ from pipeline.buffer.policy.exit_rules import Balance, make_exit_rule
 from pipeline.buffer.policy.posterior import outlook
 from pipeline.buffer.state import History, PromptState
 from pipeline.config import BufferConfig, SamplingConfig
-from pipeline.config.base import fields, literal_choices
+from pipeline.config.base import allowed_values, fields
 from pipeline.protocol import Sample
 
 TOK = np.array([1], np.int32)
@@ -27,7 +27,7 @@ def state(pos=0, neg=0):
 
 
 def test_registry_matches_the_config_choices():
-    choices = literal_choices(fields(SamplingConfig)["allocation"].type)
+    choices = allowed_values(fields(SamplingConfig)["allocation"].type)
     assert ALLOCATIONS == choices == ("uniform", "est", "min_cost")
     for name in ALLOCATIONS:
         assert make_allocation(SamplingConfig(allocation=name), make_exit_rule("balance")).name == name

@@ -54,13 +54,18 @@ class AtLeastTwo(ExitRule):
     """A rule written for this test: two positives, whatever the negatives."""
 
     name = "two_pos"
+    summary = "two positives"
 
     def reached(self, num_pos: int, num_neg: int, n: int) -> bool:
         return num_pos >= 2
 
 
 def test_a_new_rule_is_a_class_and_a_registry_entry(monkeypatch):
+    """The config accepts the new name (and documents it) without any edit of the schema."""
+    from pipeline.config import reference_markdown
+
     monkeypatch.setitem(RULES, AtLeastTwo.name, AtLeastTwo)
+    assert '"two_pos" (two positives)' in reference_markdown()
     s = Scheduler(SamplingConfig(round_size=4, group_size=4, exit_rule="two_pos"), BufferConfig(downsample="first"),
                   1, [("q", "1")], seed=0)
     assert isinstance(s.rule, AtLeastTwo)
@@ -76,9 +81,9 @@ def test_a_new_rule_is_a_class_and_a_registry_entry(monkeypatch):
 
 
 def test_the_config_offers_exactly_the_registered_rules():
-    from pipeline.config.base import fields, literal_choices
+    from pipeline.config.base import allowed_values, fields
 
-    assert set(literal_choices(fields(SamplingConfig)["exit_rule"].type)) == set(EXIT_RULES)
+    assert allowed_values(fields(SamplingConfig)["exit_rule"].type) == EXIT_RULES
 
 
 @pytest.mark.parametrize("pos,neg", [(a, b) for a in range(4) for b in range(4)])
@@ -129,3 +134,13 @@ def test_a_rules_config_errors_are_the_configs_load_errors():
     with pytest.raises(ConfigError, match="round_size"):
         SamplingConfig(exit_rule="mixed", round_size=1, max_rounds=2, group_size=4).check()
     SamplingConfig(exit_rule="fixed", round_size=1, max_rounds=1, group_size=4).check()  # its round is n
+
+
+def test_a_rules_settings_come_from_exit_rule_params_and_unknown_ones_are_load_errors():
+    from pipeline.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"sampling.exit_rule_params: exit rule 'balance' has no setting k; it "
+                                          r"takes none"):
+        load_config(None, ["--sampling.exit_rule_params", "{k = 3}"])
+    with pytest.raises(ValueError, match="has no setting"):
+        make_exit_rule("pos", {"k": 1})

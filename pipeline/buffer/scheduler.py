@@ -70,7 +70,7 @@ from pipeline.buffer.admission import Admission
 from pipeline.buffer.counters import COUNTERS, IGNORE_REASONS, MAX_REJECTIONS
 from pipeline.buffer.leases import Leases
 from pipeline.buffer.ledger import num_tokens
-from pipeline.buffer.policy import DEFAULT_WASTE, MAX_ROUNDS_FACTOR, Prior, make_allocation, make_exit_rule
+from pipeline.buffer.policy import DEFAULT_WASTE, MAX_ROUNDS_FACTOR, Prior, build
 from pipeline.buffer.pools import Pools, Released, SubmitOutcome
 from pipeline.buffer.state import History, InFlight, PromptRow, PromptState, RoundIds
 from pipeline.config import BufferConfig, SamplingConfig
@@ -96,8 +96,7 @@ class Scheduler:
         self.sampling = sampling
         self.buffer = buffer
         self.batch_size = batch_size
-        self.rule = make_exit_rule(sampling.exit_rule)
-        self.policy = make_allocation(sampling, self.rule)  # it sizes each round (ExitRule.nominal_round: M)
+        self.rule, self.policy = build(sampling)  # the exit rule and the allocation policy (policy/)
         self.round_ids = RoundIds() if round_ids is None else round_ids
         self._prompts = prompts
         self._rng = random.Random(seed)
