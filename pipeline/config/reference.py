@@ -2,8 +2,9 @@
 
 Invariant: both are walks over the schema (sections are the fields whose type is a Section), so a field added to
 `schema.py` appears in both without any edit here, and a field whose values come from a registry (the exit
-rules, the allocation policies: `base.registry_choices`) lists the registry's values and what each does. `README.md`'s "Configuration reference" section is exactly
-`reference_markdown()`; tests/test_readme.py fails when they differ.
+rules, the allocation policies: `base.registry_choices`) lists the registry's values and what each does.
+`README.md`'s "Configuration reference" section is exactly `reference_markdown()`; tests/test_readme.py fails
+when they differ.
 """
 
 from __future__ import annotations
