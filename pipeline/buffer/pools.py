@@ -5,7 +5,7 @@ already too stale evicted), the exit rule checked as they join the pool, the rel
 allocation policy's budget, the hard cap), downsampling and advantages, waiting groups re-opened when a sample
 goes stale, and the FIFO hand-off. The Scheduler decides who gets which round and when, and keeps the rounds in
 flight and the learner version. Transitions are counted in the counters dict the Scheduler passes in (its
-COUNTERS).
+SCHEDULER_COUNTERS).
 
 When samples join a pool (sampling.exit_check; a rule with `whole_rounds`, GRPO, always uses "round"):
 - "round": all of a round's samples, in issue order, once its last one arrived; the exit rule is checked then;

@@ -67,7 +67,7 @@ import numpy as np
 from pipeline import protocol as P
 from pipeline.buffer import state_codec as codec
 from pipeline.buffer.admission import Admission
-from pipeline.buffer.counters import COUNTERS, IGNORE_REASONS, MAX_REJECTIONS
+from pipeline.buffer.counters import IGNORE_REASONS, MAX_REJECTIONS, SCHEDULER_COUNTERS
 from pipeline.buffer.leases import Leases
 from pipeline.buffer.ledger import num_tokens
 from pipeline.buffer.policy import DEFAULT_WASTE, MAX_ROUNDS_FACTOR, Prior, build
@@ -75,7 +75,7 @@ from pipeline.buffer.pools import Pools, Released, SubmitOutcome
 from pipeline.buffer.state import History, InFlight, PromptRow, PromptState, RoundIds
 from pipeline.config import BufferConfig, SamplingConfig
 
-__all__ = ["COUNTERS", "MAX_REJECTIONS", "MAX_ROUNDS_FACTOR", "Released", "Scheduler", "SubmitOutcome"]
+__all__ = ["MAX_REJECTIONS", "MAX_ROUNDS_FACTOR", "Released", "Scheduler", "SubmitOutcome"]
 
 class Scheduler:
     """The buffer's pure state machine. See the module docstring for the rules it follows."""
@@ -100,7 +100,7 @@ class Scheduler:
         self.round_ids = RoundIds() if round_ids is None else round_ids
         self._prompts = prompts
         self._rng = random.Random(seed)
-        self._counts = dict.fromkeys(COUNTERS, 0)
+        self._counts = dict.fromkeys(SCHEDULER_COUNTERS, 0)
         self.pools = Pools(sampling, buffer, self.rule, self.policy, self._rng, self._counts)
         self.fates = self.pools.fates  # the ledger (ledger.py)
         self.admission = Admission(prompts, self.policy)
@@ -391,7 +391,7 @@ class Scheduler:
         return len(self.pools.waiting)
 
     def metrics(self) -> dict[str, Any]:
-        """Every counter of COUNTERS, the gauges, and two dicts: `results_ignored`, `rounds_to_exit`."""
+        """Every counter of SCHEDULER_COUNTERS, the gauges, and two dicts: `results_ignored`, `rounds_to_exit`."""
         c, pools = self._counts, self.pools
         received, released = c["samples_received"], c["released"]
         return {
@@ -463,7 +463,7 @@ class Scheduler:
         version, internal, gauss = snap.rng_state
         sched._rng.setstate((version, tuple(internal), gauss))
         sched._learner_version = snap.learner_version
-        sched._counts.update({k: v for k, v in snap.counts.items() if k in COUNTERS})
+        sched._counts.update({k: v for k, v in snap.counts.items() if k in SCHEDULER_COUNTERS})
         sched.admission.load(snap.cursor, snap.next_prompt_id, snap.history, *snap.observed,
                              sched._counts["deferred"])
         sched._ignored.update({k: v for k, v in snap.ignored.items() if k in IGNORE_REASONS})
