@@ -12,6 +12,7 @@ from pipeline.buffer.policy.exit_rules import (
     Balance,
     ExitRule,
     Fixed,
+    KPos,
     Mixed,
     Pos,
     exit_reached,
@@ -22,11 +23,12 @@ from pipeline.protocol import Sample
 
 
 def test_registry_names_every_rule_and_make_picks_by_name():
-    assert EXIT_RULES == ("balance", "pos", "mixed", "fixed")
+    assert EXIT_RULES == ("balance", "pos", "mixed", "kpos", "fixed")
     assert {name: type(make_exit_rule(name)) for name in EXIT_RULES} == {"balance": Balance, "pos": Pos,
-                                                                           "mixed": Mixed, "fixed": Fixed}
+                                                                           "mixed": Mixed, "kpos": KPos,
+                                                                           "fixed": Fixed}
     assert all(issubclass(cls, ExitRule) and cls.name == name for name, cls in RULES.items())
-    with pytest.raises(ValueError, match="balance, pos, mixed, fixed"):
+    with pytest.raises(ValueError, match="balance, pos, mixed, kpos, fixed"):
         make_exit_rule("both")
 
 
@@ -144,3 +146,41 @@ def test_a_rules_settings_come_from_exit_rule_params_and_unknown_ones_are_load_e
         load_config(None, ["--sampling.exit_rule_params", "{k = 3}"])
     with pytest.raises(ValueError, match="has no setting"):
         make_exit_rule("pos", {"k": 1})
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("pos,neg", [(a, b) for a in range(5) for b in range(5)])
+def test_kpos_waits_for_k_positives_whatever_the_negatives(k, pos, neg):
+    rule = KPos(k=k)
+    assert rule.reached(pos, neg, 4) == (pos >= k)
+    more_pos, more_neg = rule.needed(pos, neg, 4)
+    assert more_neg == 0 and rule.reached(pos + more_pos, neg, 4)
+    assert more_pos == 0 or not rule.reached(pos + more_pos - 1, neg + 10, 4)  # the fewest
+    assert KPos(k=k) == KPos(k=k) and KPos(k=k) != KPos(k=k + 1) and hash(KPos(k=k)) == hash(KPos(k=k))
+
+
+def test_kpos_takes_k_from_the_config_and_releases_once_k_positives_joined():
+    from pipeline.config import ConfigError, load_config
+
+    cfg = load_config(None, ["--sampling.exit_rule", "kpos", "--sampling.exit_rule_params", "{k = 3}",
+                             "--sampling.round_size", "4", "--sampling.group_size", "4"])
+    s = Scheduler(cfg.sampling, BufferConfig(downsample="first"), 1, [("q", "1")], seed=0)
+    assert s.rule == KPos(k=3) and s.policy.rule is s.rule
+    rounds = [[1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]  # 2 positives after one round, 3 after two
+    for i, rewards in enumerate(rounds):
+        (a,) = s.request_work("p", 1, 0.0)
+        samples = [Sample(np.array([i, j], np.int32), np.zeros(2, np.float32), r, 0, "stop")
+                   for j, r in enumerate(rewards)]
+        group = s.submit_result("p", a.round_id, np.zeros(1, np.int32), samples, 0.0).group
+        s.check_invariants()
+        assert (group is not None) == (i == 1)
+    assert group.resolved and [x.reward for x in group.samples] == [1.0, 1.0, 0.0, 0.0]
+    # exit_check "prefix": the rule holds at the 2nd sample of round 2, so the pool is 6 samples with 3 positives
+    # (the last 2 are discarded) and the baseline is its mean, 1/2
+    assert s.metrics()["samples_discarded"] == 2
+    assert group.advantages == pytest.approx([0.5, 0.5, -0.5, -0.5])
+    assert make_exit_rule("kpos") == KPos(k=2)  # the default
+    with pytest.raises(ConfigError, match="sampling.exit_rule_params: .*integer >= 1"):
+        load_config(None, ["--sampling.exit_rule", "kpos", "--sampling.exit_rule_params", "{k = 0}"])
+    with pytest.raises(ConfigError, match="sampling.exit_rule_params: k = 40 positives can never be drawn"):
+        load_config(None, ["--sampling.exit_rule", "kpos", "--sampling.exit_rule_params", "{k = 40}"])

@@ -115,6 +115,32 @@ class Mixed(ExitRule):
         return max(0, 1 - num_pos), max(0, 1 - num_neg)
 
 
+class KPos(ExitRule):
+    """At least k positives, whatever the negatives: "pos" with a larger k waits for a surer sign that a prompt
+    is solvable (the pool then holds up to k positives for n // 2 kept, and a baseline from more samples)."""
+
+    name = "kpos"
+    summary = "k positives, whatever the negatives"
+
+    def __init__(self, k: int = 2) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f'exit rule "kpos" needs k, an integer >= 1 (positives to wait for), got {k!r}')
+        self.k = k
+
+    def config_errors(self, sampling: SamplingConfig) -> list[tuple[str, str]]:
+        budget = sampling.round_size * sampling.max_rounds
+        if self.k > budget:
+            return [("exit_rule_params", f"k = {self.k} positives can never be drawn within `round_size` * "
+                                         f"`max_rounds` = {budget} samples: lower k")]
+        return super().config_errors(sampling)
+
+    def reached(self, num_pos: int, num_neg: int, n: int) -> bool:
+        return num_pos >= self.k
+
+    def needed(self, num_pos: int, num_neg: int, n: int) -> tuple[int, int]:
+        return max(0, self.k - num_pos), 0
+
+
 class Fixed(ExitRule):
     """GRPO: one round of exactly n samples, advantages from the group's own statistics."""
 
@@ -136,7 +162,7 @@ class Fixed(ExitRule):
         return group_advantages([pool_rewards[i] for i in kept], normalize_std)
 
 
-RULES: dict[str, type[ExitRule]] = {rule.name: rule for rule in (Balance, Pos, Mixed, Fixed)}
+RULES: dict[str, type[ExitRule]] = {rule.name: rule for rule in (Balance, Pos, Mixed, KPos, Fixed)}
 EXIT_RULES = tuple(RULES)
 
 
