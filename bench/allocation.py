@@ -36,9 +36,9 @@ import numpy as np
 from bench.allocation_report import goals, render
 from bench.population import pass_rates
 from bench.sampling_sim import SimConfig, Strategy, _Sim
-from pipeline.buffer.allocation import MAX_DEFERRALS
-from pipeline.buffer.exit_rules import make_exit_rule
-from pipeline.buffer.posterior import outlook
+from pipeline.buffer.policy.allocation import MAX_DEFERRALS
+from pipeline.buffer.policy.exit_rules import make_exit_rule
+from pipeline.buffer.policy.posterior import outlook
 
 DATASET_BATCHES = 4  # the data set is this many batches: a prompt comes back every ~4 steps
 DRIFT = 0.3  # logit random walk of each prompt's pass rate per epoch

@@ -81,7 +81,7 @@ async def _engine_draws(cfg, model_dir: str, prompts: list, draws: int) -> list[
 
 
 def _draw(seed: int, rewards: list[list[float]], threshold: float, seconds: float) -> dict:
-    from pipeline.buffer.logic import is_positive  # what the in-run evaluation counts as correct
+    from pipeline.buffer.policy.advantages import is_positive  # what the in-run evaluation counts as correct
 
     per_problem = [sum(is_positive(r, threshold) for r in rs) / len(rs) for rs in rewards]
     return {"seed": seed, "accuracy": statistics.fmean(per_problem), "seconds": seconds}

@@ -1,16 +1,16 @@
-"""Allocation policies (pipeline/buffer/allocation.py) and the posterior behind them (posterior.py): round sizes,
+"""Allocation policies (pipeline/buffer/policy/allocation.py) and the posterior behind them (posterior.py): round sizes,
 budgets, deferral with bounded retries, the per-example history across epochs and snapshots."""
 
 import numpy as np
 import pytest
 
 from pipeline.buffer import Scheduler
-from pipeline.buffer.allocation import ALLOCATIONS, MAX_DEFERRALS, Est, MinCost, Prior, make_allocation
-from pipeline.buffer.exit_rules import Balance, make_exit_rule
-from pipeline.buffer.posterior import outlook
+from pipeline.buffer.policy.allocation import ALLOCATIONS, MAX_DEFERRALS, Est, MinCost, Prior, make_allocation
+from pipeline.buffer.policy.exit_rules import Balance, make_exit_rule
+from pipeline.buffer.policy.posterior import outlook
 from pipeline.buffer.state import History, PromptState
 from pipeline.config import BufferConfig, SamplingConfig
-from pipeline.config.base import fields, literal_choices
+from pipeline.config.base import allowed_values, fields
 from pipeline.protocol import Sample
 
 TOK = np.array([1], np.int32)
@@ -27,7 +27,7 @@ def state(pos=0, neg=0):
 
 
 def test_registry_matches_the_config_choices():
-    choices = literal_choices(fields(SamplingConfig)["allocation"].type)
+    choices = allowed_values(fields(SamplingConfig)["allocation"].type)
     assert ALLOCATIONS == choices == ("uniform", "est", "min_cost")
     for name in ALLOCATIONS:
         assert make_allocation(SamplingConfig(allocation=name), make_exit_rule("balance")).name == name

@@ -80,7 +80,7 @@ def allocation(tmp_path_factory):
 
 
 def test_allocation_bench_drives_every_policy_and_reports_the_goals(allocation):
-    from pipeline.buffer.allocation import MAX_DEFERRALS
+    from pipeline.buffer.policy.allocation import MAX_DEFERRALS
 
     data, out = allocation
     for pop in data["populations"].values():

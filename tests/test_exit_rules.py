@@ -1,4 +1,4 @@
-"""Exit rules as objects (pipeline/buffer/exit_rules.py): each rule's condition, round size, eviction and
+"""Exit rules as objects (pipeline/buffer/policy/exit_rules.py): each rule's condition, round size, eviction and
 advantages, the registry that `sampling.exit_rule` picks from, and a new rule plugged in without touching the
 Scheduler."""
 
@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 from pipeline.buffer import Scheduler, group_advantages, pool_advantages
-from pipeline.buffer.exit_rules import (
+from pipeline.buffer.policy.exit_rules import (
     EXIT_RULES,
     RULES,
     Balance,
     ExitRule,
     Fixed,
+    KPos,
     Mixed,
     Pos,
     exit_reached,
@@ -22,11 +23,12 @@ from pipeline.protocol import Sample
 
 
 def test_registry_names_every_rule_and_make_picks_by_name():
-    assert EXIT_RULES == ("balance", "pos", "mixed", "fixed")
+    assert EXIT_RULES == ("balance", "pos", "mixed", "kpos", "fixed")
     assert {name: type(make_exit_rule(name)) for name in EXIT_RULES} == {"balance": Balance, "pos": Pos,
-                                                                           "mixed": Mixed, "fixed": Fixed}
+                                                                           "mixed": Mixed, "kpos": KPos,
+                                                                           "fixed": Fixed}
     assert all(issubclass(cls, ExitRule) and cls.name == name for name, cls in RULES.items())
-    with pytest.raises(ValueError, match="balance, pos, mixed, fixed"):
+    with pytest.raises(ValueError, match="balance, pos, mixed, kpos, fixed"):
         make_exit_rule("both")
 
 
@@ -54,13 +56,18 @@ class AtLeastTwo(ExitRule):
     """A rule written for this test: two positives, whatever the negatives."""
 
     name = "two_pos"
+    summary = "two positives"
 
     def reached(self, num_pos: int, num_neg: int, n: int) -> bool:
         return num_pos >= 2
 
 
 def test_a_new_rule_is_a_class_and_a_registry_entry(monkeypatch):
+    """The config accepts the new name (and documents it) without any edit of the schema."""
+    from pipeline.config import reference_markdown
+
     monkeypatch.setitem(RULES, AtLeastTwo.name, AtLeastTwo)
+    assert '"two_pos" (two positives)' in reference_markdown()
     s = Scheduler(SamplingConfig(round_size=4, group_size=4, exit_rule="two_pos"), BufferConfig(downsample="first"),
                   1, [("q", "1")], seed=0)
     assert isinstance(s.rule, AtLeastTwo)
@@ -76,9 +83,9 @@ def test_a_new_rule_is_a_class_and_a_registry_entry(monkeypatch):
 
 
 def test_the_config_offers_exactly_the_registered_rules():
-    from pipeline.config.base import fields, literal_choices
+    from pipeline.config.base import allowed_values, fields
 
-    assert set(literal_choices(fields(SamplingConfig)["exit_rule"].type)) == set(EXIT_RULES)
+    assert allowed_values(fields(SamplingConfig)["exit_rule"].type) == EXIT_RULES
 
 
 @pytest.mark.parametrize("pos,neg", [(a, b) for a in range(4) for b in range(4)])
@@ -113,7 +120,7 @@ def test_mixed_releases_a_lopsided_group_balance_would_keep_sampling():
 
 
 def test_rules_are_values_and_key_the_posterior_cache():
-    from pipeline.buffer.posterior import outlook
+    from pipeline.buffer.policy.posterior import outlook
 
     assert Balance() == Balance() and hash(Balance()) == hash(Balance()) and Balance() != Pos()
     assert outlook(2.0, 2.0, 0, 0, 16, Mixed(), 4) is outlook(2.0, 2.0, 0, 0, 16, Mixed(), 4)  # cached by value
@@ -129,3 +136,51 @@ def test_a_rules_config_errors_are_the_configs_load_errors():
     with pytest.raises(ConfigError, match="round_size"):
         SamplingConfig(exit_rule="mixed", round_size=1, max_rounds=2, group_size=4).check()
     SamplingConfig(exit_rule="fixed", round_size=1, max_rounds=1, group_size=4).check()  # its round is n
+
+
+def test_a_rules_settings_come_from_exit_rule_params_and_unknown_ones_are_load_errors():
+    from pipeline.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"sampling.exit_rule_params: exit rule 'balance' has no setting k; it "
+                                          r"takes none"):
+        load_config(None, ["--sampling.exit_rule_params", "{k = 3}"])
+    with pytest.raises(ValueError, match="has no setting"):
+        make_exit_rule("pos", {"k": 1})
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("pos,neg", [(a, b) for a in range(5) for b in range(5)])
+def test_kpos_waits_for_k_positives_whatever_the_negatives(k, pos, neg):
+    rule = KPos(k=k)
+    assert rule.reached(pos, neg, 4) == (pos >= k)
+    more_pos, more_neg = rule.needed(pos, neg, 4)
+    assert more_neg == 0 and rule.reached(pos + more_pos, neg, 4)
+    assert more_pos == 0 or not rule.reached(pos + more_pos - 1, neg + 10, 4)  # the fewest
+    assert KPos(k=k) == KPos(k=k) and KPos(k=k) != KPos(k=k + 1) and hash(KPos(k=k)) == hash(KPos(k=k))
+
+
+def test_kpos_takes_k_from_the_config_and_releases_once_k_positives_joined():
+    from pipeline.config import ConfigError, load_config
+
+    cfg = load_config(None, ["--sampling.exit_rule", "kpos", "--sampling.exit_rule_params", "{k = 3}",
+                             "--sampling.round_size", "4", "--sampling.group_size", "4"])
+    s = Scheduler(cfg.sampling, BufferConfig(downsample="first"), 1, [("q", "1")], seed=0)
+    assert s.rule == KPos(k=3) and s.policy.rule is s.rule
+    rounds = [[1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]  # 2 positives after one round, 3 after two
+    for i, rewards in enumerate(rounds):
+        (a,) = s.request_work("p", 1, 0.0)
+        samples = [Sample(np.array([i, j], np.int32), np.zeros(2, np.float32), r, 0, "stop")
+                   for j, r in enumerate(rewards)]
+        group = s.submit_result("p", a.round_id, np.zeros(1, np.int32), samples, 0.0).group
+        s.check_invariants()
+        assert (group is not None) == (i == 1)
+    assert group.resolved and [x.reward for x in group.samples] == [1.0, 1.0, 0.0, 0.0]
+    # exit_check "prefix": the rule holds at the 2nd sample of round 2, so the pool is 6 samples with 3 positives
+    # (the last 2 are discarded) and the baseline is its mean, 1/2
+    assert s.metrics()["samples_discarded"] == 2
+    assert group.advantages == pytest.approx([0.5, 0.5, -0.5, -0.5])
+    assert make_exit_rule("kpos") == KPos(k=2)  # the default
+    with pytest.raises(ConfigError, match="sampling.exit_rule_params: .*integer >= 1"):
+        load_config(None, ["--sampling.exit_rule", "kpos", "--sampling.exit_rule_params", "{k = 0}"])
+    with pytest.raises(ConfigError, match="sampling.exit_rule_params: k = 40 positives can never be drawn"):
+        load_config(None, ["--sampling.exit_rule", "kpos", "--sampling.exit_rule_params", "{k = 40}"])

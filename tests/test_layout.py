@@ -1,5 +1,5 @@
 """pipeline/testing/ is for tests/ and bench/ only: no product module imports it; a package's map (its docstring)
-names every module it holds (pipeline/buffer, and bench/ by study)."""
+names every module it holds (pipeline/buffer, its policy/, and bench/ by study)."""
 
 from pathlib import Path
 
@@ -18,6 +18,14 @@ def test_the_buffer_package_map_names_every_module():
     modules = {p.name for p in (PIPELINE / "buffer").glob("*.py")} - {"__init__.py"}
     missing = sorted(m for m in modules if f"`{m}`" not in pipeline.buffer.__doc__)
     assert not missing, f"pipeline/buffer/__init__.py's map omits {missing}: add each with what it holds"
+
+
+def test_the_policy_package_map_names_every_module():
+    import pipeline.buffer.policy
+
+    modules = {p.name for p in (PIPELINE / "buffer" / "policy").glob("*.py")} - {"__init__.py"}
+    missing = sorted(m for m in modules if f"`{m}`" not in pipeline.buffer.policy.__doc__)
+    assert not missing, f"pipeline/buffer/policy/__init__.py's map omits {missing}: add each with what it holds"
 
 
 def test_the_bench_map_names_every_module():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.buffer import logic
+from pipeline.buffer.policy import has_signal
 from pipeline.buffer.sampler import AdaptiveSampler, Rollout
 from pipeline.config import BufferConfig, SamplingConfig
 
@@ -57,7 +57,7 @@ def test_groups_follow_the_exit_rule_and_use_the_whole_pool(exit_rule):
             assert len(pool) % (4 if exit_rule == "fixed" else 8) == 0  # whole rounds ("round" exit check)
             assert g.advantages == [r - sum(pool) / len(pool) for r in rewards]
             pool_seen.add(sum(pool) / len(pool) != sum(rewards) / 4)
-            assert logic.has_signal(rewards)  # unresolved = "drop": every trained group has signal
+            assert has_signal(rewards)  # unresolved = "drop": every trained group has signal
         sampler.step()
     # GRPO's pool is its group; Reinforce-Ada's differs from it somewhere, so the check above told the two apart
     assert pool_seen == {False} if exit_rule == "fixed" else True in pool_seen

@@ -1,9 +1,8 @@
 """The rollout buffer: pure scheduling logic (this package's public API) and, around it, the ZeroMQ service.
 
 Where things are (every module; tests/test_layout.py holds this list complete):
-- the algorithm, pure: `logic.py` (downsampling, advantages), `exit_rules.py` (when a prompt stops sampling: a new
-  rule goes there), `allocation.py` (how many samples a round gets, which examples wait: a new policy goes there)
-  and `posterior.py` (the pass-rate math behind it);
+- the algorithm, pure: `policy/` (the sampler's policy: exit rules, allocation, the posterior behind it,
+  advantages and downsampling; its own map is in policy/__init__.py: a new rule or policy goes there);
 - the scheduler and its state: `scheduler.py` (rounds, versions, what the learner gets), `admission.py` (which
   example comes next, what is remembered across visits), `pools.py` (active and waiting prompts, release),
   `state.py` (a prompt's pool, round ids), `leases.py` (rounds out at producers), `intake.py` (results on their way
@@ -17,14 +16,17 @@ Where things are (every module; tests/test_layout.py holds this list complete):
 - outside the trainer: `sampler.py` (the scheduler in your own training loop).
 """
 
-from pipeline.buffer.exit_rules import EXIT_RULES, ExitRule, exit_reached, make_exit_rule
-from pipeline.buffer.logic import (
+from pipeline.buffer.policy import (
     DOWNSAMPLE_POLICIES,
+    EXIT_RULES,
     MIN_STD,
+    ExitRule,
     downsample,
+    exit_reached,
     group_advantages,
     has_signal,
     is_positive,
+    make_exit_rule,
     pool_advantages,
 )
 from pipeline.buffer.pools import Released, SubmitOutcome

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.buffer.allocation import MAX_DEFERRALS, Allocation, Prior
+from pipeline.buffer.policy import MAX_DEFERRALS, Allocation, Prior
 from pipeline.buffer.state import History, PromptRow, PromptState
 
 

@@ -12,7 +12,7 @@ declared there and added here.
 from pipeline.buffer.ledger import LEDGER_COUNTERS
 
 MAX_REJECTIONS = 3  # a prompt whose results are rejected this often is given up on (counted as unservable)
-COUNTERS = {  # every counter, declared once: metrics() reports each under its name
+SCHEDULER_COUNTERS = {  # every counter, declared once: metrics() reports each under its name
     "admitted": "prompts admitted (a new prompt id each time an example is served)",
     "released": "groups released (re-releases of re-opened groups included)",
     "released_partial": "groups released without the exit rule holding (after max_rounds)",

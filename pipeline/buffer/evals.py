@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline import protocol as P
-from pipeline.buffer.logic import is_positive
+from pipeline.buffer.policy.advantages import is_positive
 from pipeline.buffer.state import RoundIds
 from pipeline.prompts import Prompt
 

@@ -3,7 +3,7 @@ whether producers are alive. The Scheduler decides what to issue; `Leases` only 
 
 Invariants:
 - `rounds` maps every round id in flight to its prompt id, in issue order;
-- `held[p]` is the number of rounds in flight issued to producer p (no entry for 0);
+- `rounds_held[p]` is the number of rounds in flight issued to producer p (no entry for 0);
 - a producer is alive while it was heard of within buffer.heartbeat_timeout_s; `room` divides the rounds the
   admission bound allows among the alive clients that ask for work, at least `expected` of them, and a client's
   share among its alive producers, so one request never takes them all, nor does one client through many
@@ -23,7 +23,7 @@ class Leases:
     def __init__(self, buffer: BufferConfig) -> None:
         self.buffer = buffer
         self.rounds: dict[int, int] = {}  # round_id in flight -> prompt_id, in issue order
-        self.held: dict[str, int] = {}  # producer -> rounds in flight it holds
+        self.rounds_held: dict[str, int] = {}  # producer -> rounds in flight it holds
         self.last_seen: dict[str, float] = {}
         self.requesters: set[str] = set()  # producers that asked for work (the ones sharing it)
         self.client_of: dict[str, str] = {}  # producer -> its client (its CurveZMQ key), for those that have one
@@ -32,15 +32,15 @@ class Leases:
     def add(self, round_id: int, prompt_id: int, producer_id: str) -> None:
         assert round_id not in self.rounds, round_id
         self.rounds[round_id] = prompt_id
-        self.held[producer_id] = self.held.get(producer_id, 0) + 1
+        self.rounds_held[producer_id] = self.rounds_held.get(producer_id, 0) + 1
 
     def remove(self, round_id: int, producer_id: str) -> None:
         del self.rounds[round_id]
-        left = self.held[producer_id] - 1
+        left = self.rounds_held[producer_id] - 1
         if left:
-            self.held[producer_id] = left
+            self.rounds_held[producer_id] = left
         else:
-            del self.held[producer_id]
+            del self.rounds_held[producer_id]
 
     def heartbeat(self, producer_id: str, now: float) -> None:
         self.last_seen[producer_id] = max(now, self.last_seen.get(producer_id, -math.inf))
@@ -70,9 +70,9 @@ class Leases:
                 clients[key] = clients.get(key, 0) + 1
         client_share = -(-bound // max(self.expected, len(clients)))
         share = -(-client_share // clients[mine])
-        held_by_client = self.held.get(producer_id, 0) if not client else sum(
-            n for p, n in self.held.items() if self.client_of.get(p, p) == mine)
-        return min(share - self.held.get(producer_id, 0), client_share - held_by_client)
+        held_by_client = self.rounds_held.get(producer_id, 0) if not client else sum(
+            n for p, n in self.rounds_held.items() if self.client_of.get(p, p) == mine)
+        return min(share - self.rounds_held.get(producer_id, 0), client_share - held_by_client)
 
     def check(self, producer_of: dict[int, str]) -> None:
         """Assert the invariants; `producer_of` maps each round in flight to the producer its prompt records."""
@@ -80,4 +80,4 @@ class Leases:
         held: dict[str, int] = {}
         for producer in producer_of.values():
             held[producer] = held.get(producer, 0) + 1
-        assert held == self.held, "rounds held per producer"
+        assert held == self.rounds_held, "rounds held per producer"

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-SERVICE_COUNTERS = {  # the buffer's own counters (the Scheduler's are in counters.COUNTERS), reported as buffer/<name>
+# the buffer's own counters (the Scheduler's are counters.SCHEDULER_COUNTERS), reported as buffer/<name>
+SERVICE_COUNTERS = {
     "malformed": "messages that could not be decoded (garbage, truncated, unknown kind, bad arrays, too many "
                  "frames)",
     "invalid": "messages that decode but hold a value no client sends (negative counts or versions, bad kind, an "

@@ -11,7 +11,7 @@ Invariants:
   either way its entries in `stats` and `samples` go, and `forget` is called with its name so the caller's
   tables keyed by producer go too: every per-producer table stays within the bound;
 - every round handed out has exactly one Lease until its holder answers, or it is aborted or expires (the
-  caller releases it then); `held[identity]` counts the leases of each peer, and a peer with one is never
+  caller releases it then); `leases_held[identity]` counts the leases of each peer, and a peer with one is never
   forgotten;
 - `peer_name` is injective: two identities never share a name (a non-UTF-8 or "#"-led identity becomes "#<hex>").
 """
@@ -76,7 +76,7 @@ class Peers:
         assert max_peers >= 1 and idle_s > 0
         self.forget, self.counts, self.max_peers, self.idle_s = forget, counts, max_peers, idle_s
         self.last_seen: OrderedDict[bytes, float] = OrderedDict()  # least recently heard first
-        self.held: dict[bytes, int] = {}  # identity -> leases it holds (only peers holding one)
+        self.leases_held: dict[bytes, int] = {}  # identity -> leases it holds (only peers holding one)
         self.leases: dict[int, Lease] = {}  # round id -> its lease
         self.stats: dict[str, dict[str, float]] = {}  # name -> its last heartbeat's stats (and version, seen)
         self.samples: dict[str, int] = {}  # name -> samples received from it (training and evaluation)
@@ -101,18 +101,18 @@ class Peers:
             assert r.round_id not in self.leases, f"round {r.round_id} leased twice"
             self.leases[r.round_id] = Lease(identity, user, r.kind, r.prompt_id, r.num_samples,
                                             r.max_new_tokens or max_new_tokens, now + r.lease_s)
-            self.held[identity] = self.held.get(identity, 0) + 1
+            self.leases_held[identity] = self.leases_held.get(identity, 0) + 1
 
     def release(self, round_ids: Iterable[int]) -> None:
         """The rounds are no longer out (answered, aborted or expired); unknown ids are skipped."""
         for round_id in round_ids:
             lease = self.leases.pop(round_id, None)
             if lease is not None:
-                left = self.held[lease.owner] - 1
+                left = self.leases_held[lease.owner] - 1
                 if left:
-                    self.held[lease.owner] = left
+                    self.leases_held[lease.owner] = left
                 else:
-                    del self.held[lease.owner]
+                    del self.leases_held[lease.owner]
 
     def expire(self, now: float) -> int:
         """Forget peers silent for idle_s that hold no lease; release leases past their deadline by more than
@@ -120,7 +120,7 @@ class Peers:
         for identity, seen in list(self.last_seen.items()):
             if now - seen <= self.idle_s:
                 break  # ordered by last heard: the rest are more recent
-            if identity not in self.held:
+            if identity not in self.leases_held:
                 self._drop(identity)
                 self.counts["peers_expired"] += 1
         stuck = [rid for rid, lease in self.leases.items() if now > lease.deadline + self.idle_s]
@@ -129,7 +129,7 @@ class Peers:
 
     def _evict_one(self) -> bool:
         for identity in self.last_seen:  # least recently heard first
-            if identity not in self.held:
+            if identity not in self.leases_held:
                 self._drop(identity)
                 self.counts["peers_evicted"] += 1
                 return True

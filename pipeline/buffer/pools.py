@@ -5,7 +5,7 @@ already too stale evicted), the exit rule checked as they join the pool, the rel
 allocation policy's budget, the hard cap), downsampling and advantages, waiting groups re-opened when a sample
 goes stale, and the FIFO hand-off. The Scheduler decides who gets which round and when, and keeps the rounds in
 flight and the learner version. Transitions are counted in the counters dict the Scheduler passes in (its
-COUNTERS).
+SCHEDULER_COUNTERS).
 
 When samples join a pool (sampling.exit_check; a rule with `whole_rounds`, GRPO, always uses "round"):
 - "round": all of a round's samples, in issue order, once its last one arrived; the exit rule is checked then;
@@ -45,10 +45,8 @@ import msgspec
 import numpy as np
 
 from pipeline import protocol as P
-from pipeline.buffer import logic
-from pipeline.buffer.allocation import Allocation, Prior
-from pipeline.buffer.exit_rules import ExitRule
 from pipeline.buffer.ledger import Fates, num_tokens
+from pipeline.buffer.policy import Allocation, ExitRule, Prior, downsample, has_signal, is_positive
 from pipeline.buffer.state import History, InFlight, PromptState
 from pipeline.config import BufferConfig, SamplingConfig
 
@@ -136,7 +134,7 @@ class Pools:
             st.prompt_token_ids = np.asarray(prompt_token_ids, dtype=np.int32)
         c, threshold = self.counts, self.sampling.positive_threshold
         c["samples_received"] += len(new)
-        c["positives_received"] += sum(logic.is_positive(s.reward, threshold) for s in new.values())
+        c["positives_received"] += sum(is_positive(s.reward, threshold) for s in new.values())
         c["tokens_received"] += sum(len(s.token_ids) for s in new.values())
         st.num_received += len(new)
         fl.arrived.update(new)
@@ -293,18 +291,18 @@ class Pools:
     def _release(self, st: PromptState, resolved: bool) -> tuple[P.Group | None, bool]:
         del self.active[st.prompt_id]
         rewards = st.rewards()
-        if not logic.has_signal(rewards) and self.buffer.unresolved == "drop":
+        if not has_signal(rewards) and self.buffer.unresolved == "drop":
             self.counts["dropped_zero_variance" if resolved else "dropped_unresolved"] += 1
             self.fates.add_samples("zero_variance" if resolved else "dropped", st.pool)
             self._untrack(st)
             return None, True
-        kept = logic.downsample(rewards, st.versions(), self.sampling.group_size, self.buffer.downsample,
+        kept = downsample(rewards, st.versions(), self.sampling.group_size, self.buffer.downsample,
                                 self.sampling.positive_threshold, self.rng)
         group = st.build_group(kept, self.rule.advantages(rewards, kept, self.buffer.normalize_std), resolved)
         self.waiting[st.prompt_id] = Released(st, group, kept)
         self.counts["released"] += 1
         self.counts["released_partial"] += not resolved
-        self.counts["released_signal"] += logic.has_signal(rewards)
+        self.counts["released_signal"] += has_signal(rewards)
         self.counts["pool_samples_released"] += len(rewards)
         self.counts["pool_tokens_released"] += sum(len(s.token_ids) for s in st.pool)
         self.counts["tokens_kept"] += sum(len(s.token_ids) for s in group.samples)
@@ -337,7 +335,7 @@ class Pools:
             rewards = rel.state.rewards()
             assert len(rel.group.samples) == n == len(rel.kept)
             assert [s.reward for s in rel.group.samples] == [rewards[i] for i in rel.kept]
-            assert self.buffer.unresolved == "keep" or logic.has_signal(rewards), "zero-variance pool released"
+            assert self.buffer.unresolved == "keep" or has_signal(rewards), "zero-variance pool released"
             st = rel.state
             assert not rel.group.resolved or self.rule.reached(st.num_pos, st.num_neg, n), "resolved, rule unmet"
             expected = self.rule.advantages(rewards, rel.kept, self.buffer.normalize_std)

@@ -2,9 +2,9 @@
 
 `Scheduler` is synchronous, deterministic and clock-free: every event carries the caller's `now`, and the same
 seed plus the same event log always produce the same groups. `BufferCore` wraps it; nothing here does I/O. The
-exit rule is an object (`exit_rules.py`): the scheduler asks it for the exit condition, whether rounds are kept
-whole, and the advantages. The allocation policy (`allocation.py`) sizes each round, may defer an example, and
-says when a visit's budget is spent.
+exit rule and the allocation policy are objects of `policy/`: the scheduler asks the rule for the exit condition,
+whether rounds are kept whole, and the advantages; the policy sizes each round, may defer an example, and says
+when a visit's budget is spent.
 
 Life of a prompt:
 1. Admission (`admission.py`). Examples are taken in the given order, wrapping around for further epochs (the
@@ -67,16 +67,15 @@ import numpy as np
 from pipeline import protocol as P
 from pipeline.buffer import state_codec as codec
 from pipeline.buffer.admission import Admission
-from pipeline.buffer.allocation import DEFAULT_WASTE, MAX_ROUNDS_FACTOR, Prior, make_allocation
-from pipeline.buffer.counters import COUNTERS, IGNORE_REASONS, MAX_REJECTIONS
-from pipeline.buffer.exit_rules import make_exit_rule
+from pipeline.buffer.counters import IGNORE_REASONS, MAX_REJECTIONS, SCHEDULER_COUNTERS
 from pipeline.buffer.leases import Leases
 from pipeline.buffer.ledger import num_tokens
+from pipeline.buffer.policy import DEFAULT_WASTE, MAX_ROUNDS_FACTOR, Prior, build
 from pipeline.buffer.pools import Pools, Released, SubmitOutcome
 from pipeline.buffer.state import History, InFlight, PromptRow, PromptState, RoundIds
 from pipeline.config import BufferConfig, SamplingConfig
 
-__all__ = ["COUNTERS", "MAX_REJECTIONS", "MAX_ROUNDS_FACTOR", "Released", "Scheduler", "SubmitOutcome"]
+__all__ = ["MAX_REJECTIONS", "MAX_ROUNDS_FACTOR", "Released", "Scheduler", "SubmitOutcome"]
 
 class Scheduler:
     """The buffer's pure state machine. See the module docstring for the rules it follows."""
@@ -97,12 +96,11 @@ class Scheduler:
         self.sampling = sampling
         self.buffer = buffer
         self.batch_size = batch_size
-        self.rule = make_exit_rule(sampling.exit_rule)
-        self.policy = make_allocation(sampling, self.rule)  # it sizes each round (ExitRule.nominal_round: M)
+        self.rule, self.policy = build(sampling)  # the exit rule and the allocation policy (policy/)
         self.round_ids = RoundIds() if round_ids is None else round_ids
         self._prompts = prompts
         self._rng = random.Random(seed)
-        self._counts = dict.fromkeys(COUNTERS, 0)
+        self._counts = dict.fromkeys(SCHEDULER_COUNTERS, 0)
         self.pools = Pools(sampling, buffer, self.rule, self.policy, self._rng, self._counts)
         self.fates = self.pools.fates  # the ledger (ledger.py)
         self.admission = Admission(prompts, self.policy)
@@ -393,7 +391,7 @@ class Scheduler:
         return len(self.pools.waiting)
 
     def metrics(self) -> dict[str, Any]:
-        """Every counter of COUNTERS, the gauges, and two dicts: `results_ignored`, `rounds_to_exit`."""
+        """Every counter of SCHEDULER_COUNTERS, the gauges, and two dicts: `results_ignored`, `rounds_to_exit`."""
         c, pools = self._counts, self.pools
         received, released = c["samples_received"], c["released"]
         return {
@@ -465,7 +463,7 @@ class Scheduler:
         version, internal, gauss = snap.rng_state
         sched._rng.setstate((version, tuple(internal), gauss))
         sched._learner_version = snap.learner_version
-        sched._counts.update({k: v for k, v in snap.counts.items() if k in COUNTERS})
+        sched._counts.update({k: v for k, v in snap.counts.items() if k in SCHEDULER_COUNTERS})
         sched.admission.load(snap.cursor, snap.next_prompt_id, snap.history, *snap.observed,
                              sched._counts["deferred"])
         sched._ignored.update({k: v for k, v in snap.ignored.items() if k in IGNORE_REASONS})

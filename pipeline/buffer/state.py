@@ -29,7 +29,7 @@ import msgspec
 import numpy as np
 
 from pipeline import protocol as P
-from pipeline.buffer.logic import is_positive
+from pipeline.buffer.policy.advantages import is_positive
 
 
 def _empty_ids() -> np.ndarray:

@@ -9,7 +9,9 @@ by hand; sibling keys named in `backticks` in a message are qualified the same w
 
 from __future__ import annotations
 
+import difflib
 import functools
+import importlib
 import re
 from typing import Annotated, Any, Literal, get_args, get_origin
 
@@ -47,6 +49,43 @@ def literal_choices(tp: Any) -> tuple:
     """The allowed values of a Literal type (also inside Annotated), else ()."""
     tp = unwrap(tp)[0]
     return get_args(tp) if get_origin(tp) is Literal else ()
+
+
+def registry_choices(tp: Any) -> dict[str, str]:
+    """{allowed value: what it does} of a field whose values come from a registry, else {}.
+
+    Such a field is declared `Annotated[str, Meta(extra={"choices": "package.module:function"}, ...)]`; the
+    function returns the dict. It is imported on first use, so the registry's package (e.g. the buffer's policy
+    package) may import the config without a cycle, and adding a value there needs no edit of the schema."""
+    meta = unwrap(tp)[1]
+    target = (meta.extra or {}).get("choices") if meta is not None else None
+    if not target:
+        return {}
+    module, _, name = target.partition(":")  # read each time: a registry may grow (a test's rule, a plugin)
+    return dict(getattr(importlib.import_module(module), name)())
+
+
+def allowed_values(tp: Any) -> tuple:
+    """The allowed values of a field: its Literal's, or its registry's; () when any value of its type is."""
+    return literal_choices(tp) or tuple(registry_choices(tp))
+
+
+def describe(tp: Any) -> str:
+    """A field's one-line doc: its Meta's description, then what each registry value does."""
+    meta = unwrap(tp)[1]
+    doc = meta.description if meta is not None and meta.description else ""
+    values = registry_choices(tp)
+    if values:
+        doc += ": " + ", ".join(f"{toml_value(v)} ({what})" for v, what in values.items())
+    return doc
+
+
+def not_allowed(shown: str, value: Any, choices: tuple) -> str:
+    """'\'bal\' is not allowed (did you mean "balance"?); choose one of ...' (`shown`: the value as quoted)."""
+    by_text = {str(c): c for c in choices}
+    close = difflib.get_close_matches(str(value), list(by_text), n=1)
+    guess = f" (did you mean {toml_value(by_text[close[0]])}?)" if close else ""
+    return f"{shown} is not allowed{guess}; choose one of {', '.join(toml_value(c) for c in choices)}"
 
 
 def fields(cls: type) -> dict[str, msgspec.structs.FieldInfo]:
@@ -114,8 +153,7 @@ def bound_problem(meta: msgspec.Meta | None, value: Any) -> str:
 def field_hint(cls: type, key: str) -> str:
     """' (what the field is; default X)': appended to every error about the field."""
     info = fields(cls)[key]
-    meta = unwrap(info.type)[1]
-    doc = meta.description if meta is not None and meta.description else ""
+    doc = describe(info.type)
     default = info.default_factory() if info.default is msgspec.NODEFAULT else info.default
     if is_section(type(default)):
         return f" ({doc})" if doc else ""
@@ -152,9 +190,13 @@ class Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         for name, info in fields(type(self)).items():
-            problem = bound_problem(unwrap(info.type)[1], getattr(self, name))
+            value = getattr(self, name)
+            problem = bound_problem(unwrap(info.type)[1], value)
             if problem:  # sections built in code; a decoded file was already checked by msgspec
-                raise field_error(type(self), name, f"{problem}, got {toml_value(getattr(self, name))}")
+                raise field_error(type(self), name, f"{problem}, got {toml_value(value)}")
+            choices = registry_choices(info.type)  # msgspec knows only the type (str): decoded files too
+            if choices and value not in choices:
+                raise field_error(type(self), name, not_allowed(repr(value), value, tuple(choices)))
         self.check()
 
     def check(self) -> None:

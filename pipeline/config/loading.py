@@ -23,6 +23,7 @@ from pipeline.config.base import (
     fields,
     is_section,
     literal_choices,
+    not_allowed,
     toml_value,
     unwrap,
 )
@@ -107,11 +108,7 @@ def _explain(exc: msgspec.ValidationError, data: dict) -> ConfigError:
     if body.startswith("Invalid enum value"):  # also a list's item: `data.arithmetic_levels[0]`
         choices = literal_choices(ftype) or literal_choices(_item_type(ftype))
         bad = body.removeprefix("Invalid enum value").strip()
-        by_text = {str(c): c for c in choices}
-        close = difflib.get_close_matches(bad.strip("'"), list(by_text), n=1)
-        guess = f" (did you mean {toml_value(by_text[close[0]])}?)" if close else ""
-        return field_error(cls, key, f"{bad} is not allowed{guess}; choose one of "
-                                     f"{', '.join(toml_value(c) for c in choices)}")
+        return field_error(cls, key, not_allowed(bad, bad.strip("'"), choices))
     wrong_type = re.match(r"Expected `([^`]+)`, got `[^`]+`$", body)
     if wrong_type:
         return field_error(cls, key, f"expected {wrong_type.group(1)}, got {_show(value)}")

@@ -1,8 +1,10 @@
 """A config as text: the resolved TOML of a run, and the README's configuration reference rendered from the types.
 
 Invariant: both are walks over the schema (sections are the fields whose type is a Section), so a field added to
-`schema.py` appears in both without any edit here. `README.md`'s "Configuration reference" section is exactly
-`reference_markdown()`; tests/test_readme.py fails when they differ.
+`schema.py` appears in both without any edit here, and a field whose values come from a registry (the exit
+rules, the allocation policies: `base.registry_choices`) lists the registry's values and what each does.
+`README.md`'s "Configuration reference" section is exactly `reference_markdown()`; tests/test_readme.py fails
+when they differ.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import msgspec
 
-from pipeline.config.base import Section, fields, is_section, limits_text, toml_value, unwrap
+from pipeline.config.base import Section, allowed_values, describe, fields, is_section, limits_text, toml_value, unwrap
 from pipeline.config.schema import Config
 
 HEADING = "## Configuration reference"
@@ -54,8 +56,8 @@ def _type_text(tp: Any) -> str:
     """A field's type and limits in words: 'int >= 1', 'one of "drop", "keep"', 'list of strings'."""
     base, meta = unwrap(tp)
     limits = limits_text(meta)
-    if get_origin(base) is Literal:
-        text = "one of " + ", ".join(toml_value(c) for c in get_args(base))
+    if allowed_values(tp):
+        text = "one of " + ", ".join(toml_value(c) for c in allowed_values(tp))
     elif get_origin(base) is list:
         item = get_args(base)[0]
         items = ("values in " + ", ".join(toml_value(c) for c in get_args(item)) if get_origin(item) is Literal
@@ -85,7 +87,7 @@ def _tables(cls: type, prefix: str) -> list[str]:
         assert meta is not None and meta.description, f"{prefix}.{name} needs Meta(description=...)"
         default = toml_value(msgspec.to_builtins(getattr(defaults, name)))
         rows.append(f"| `{prefix}.{name}` | `{_cell(default)}` | {_cell(_type_text(info.type))} | "
-                    f"{_cell(meta.description)} |")
+                    f"{_cell(describe(info.type))} |")
     if rows:
         doc = inspect.getdoc(cls) or ""
         out += [f"**[{prefix}]** {doc}".rstrip(), "", "| key | default | type | meaning |", "|---|---|---|---|",

@@ -115,9 +115,11 @@ class SamplingConfig(Section):
                                                       "samples)")] = 4
     group_size: Annotated[int, Meta(ge=2, description="n: samples kept per released group (advantages need a "
                                                       "comparison)")] = 4
-    exit_rule: Annotated[Literal["balance", "pos", "mixed", "fixed"], Meta(description=(
-        'when a prompt stops sampling: "balance" (n/2 positives and n - n/2 negatives), "pos" (one positive), '
-        '"mixed" (one positive and one negative), "fixed" (GRPO: one round of n samples)'))] = "balance"
+    exit_rule: Annotated[str, Meta(extra={"choices": "pipeline.buffer.policy:exit_rule_choices"}, description=(
+        "when a prompt stops sampling"))] = "balance"
+    exit_rule_params: Annotated[dict[str, Any], Meta(description=(
+        "the exit rule's own settings, if it has any (each rule's are listed with it under `exit_rule`; {} = its "
+        "defaults)"))] = {}
     positive_threshold: Annotated[float, Meta(description="a sample is positive when its reward exceeds this (for "
                                                           "the exit rule and downsampling; rewards may be "
                                                           "continuous)")] = 0.5
@@ -126,11 +128,8 @@ class SamplingConfig(Section):
     top_p: Annotated[float, Meta(gt=0, le=1, description="nucleus sampling; < 1 renormalises the engine's "
                                                          "log-probs, not the learner's: keep 1")] = 1.0
     max_new_tokens: Annotated[int, Meta(ge=1, description="completion tokens per sample at most")] = 2048
-    allocation: Annotated[Literal["uniform", "est", "min_cost"], Meta(description=(
-        'how many samples a prompt\'s next round gets, and whether to admit it: "uniform" (M per round, N rounds), '
-        '"est" (about 1/pass-rate estimate, from a Beta posterior over every visit), "min_cost" (the round size '
-        'that minimises expected aborted samples plus rounds under the posterior; defers prompts unlikely to '
-        'resolve); "est" and "min_cost" spend at most M*N samples per visit'))] = "uniform"
+    allocation: Annotated[str, Meta(extra={"choices": "pipeline.buffer.policy:allocation_choices"}, description=(
+        "how many samples a prompt's next round gets, and whether to admit it"))] = "uniform"
     exit_check: Annotated[Literal["prefix", "sample", "round"], Meta(description=(
         'when the exit rule is checked: "prefix" (after every sample, on the finished samples in issue order: '
         'no length bias), "sample" (after every sample as they finish: exits soonest, favours short samples), '
@@ -141,9 +140,9 @@ class SamplingConfig(Section):
         'never; higher is cheaper per useful group but trains fewer hard prompts)'))] = 0.25
 
     def check(self) -> None:
-        from pipeline.buffer.exit_rules import make_exit_rule  # the rule knows what it needs (a buffer module)
+        from pipeline.buffer.policy import config_errors  # the rule and the policy know what they need
 
-        for key, problem in make_exit_rule(self.exit_rule).config_errors(self)[:1]:
+        for key, problem in config_errors(self)[:1]:
             self.require(False, key, problem)
 
 

@@ -12,16 +12,16 @@ import collections
 import time
 
 RATE_WINDOW_S = 10.0  # tokens/s is measured over this trailing window
-COUNTERS = ("rounds_done", "rounds_aborted", "rounds_failed", "samples_done", "tokens_done", "weight_loads",
-            "weight_load_errors", "weight_load_refused", "request_timeouts", "engine_errors",
-            "gen_samples", "gen_tokens", "gen_eval_samples", "gen_eval_tokens")  # always present, from 0
+PRODUCER_COUNTERS = ("rounds_done", "rounds_aborted", "rounds_failed", "samples_done", "tokens_done",
+                     "weight_loads", "weight_load_errors", "weight_load_refused", "request_timeouts", "engine_errors",
+                     "gen_samples", "gen_tokens", "gen_eval_samples", "gen_eval_tokens")  # always present, from 0
 
 
 class ProducerStats:
     """Counters since start, tokens/s over the last RATE_WINDOW_S, and the busy fraction between snapshots."""
 
     def __init__(self) -> None:
-        self.counts = collections.Counter({k: 0 for k in COUNTERS})
+        self.counts = collections.Counter({k: 0 for k in PRODUCER_COUNTERS})
         self._started = self._last_snapshot = time.monotonic()
         self.started_at = time.time()
         self._token_log: collections.deque = collections.deque()  # (finish time, tokens)

@@ -1,6 +1,7 @@
 """Allocation policies: how many samples a prompt's next round gets, whether to admit it at all, and when its
-visit's budget is spent. `sampling.allocation` picks one; a new policy is a subclass here plus its name in
-`POLICIES` and among the choices of `sampling.allocation` (pipeline/config/schema.py).
+visit's budget is spent. `sampling.allocation` picks one; a new policy is a subclass here with its `name` and
+`summary`, and an entry in `POLICIES` (the config offers exactly those names). A policy carries its settings,
+read from the sampling section once when it is built.
 
 A policy is pure: it reads the prompt's pool (a `PromptState`), the example's `History` (every sample of every
 visit, kept by the Scheduler across epochs and restarts) and the population `Prior`, and never changes them.
@@ -10,13 +11,13 @@ visit, kept by the Scheduler across epochs and restarts) and the population `Pri
   visit; each round asks for about what the exit rule still needs at p_hat (n/2 positives take n/2 / p_hat
   samples), clipped to the visit's remaining budget of M*N samples.
 - `min_cost`: each round's size k minimises the expected cost of the rest of the visit under the posterior, if
-  it went on in rounds of k: ROUND_COST per round plus, for the samples that the exit makes unnecessary (cut or
+  it went on in rounds of k: `round_cost` per round plus, for the samples that the exit makes unnecessary (cut or
   discarded), `waste` of a sample each (the buffer measures it: tokens of cut samples over tokens of finished
   ones). The size is chosen again for every round, from the updated posterior. An example whose next visit
-  is expected to yield groups with a signal per sample below sampling.yield_floor times the run's average is
-  deferred to a later epoch, at most MAX_DEFERRALS times in a row (then tried again: its evidence grows, no
-  example is starved for good); a visit whose pool has no signal yet is given up on, by the same measure, when
-  the rest of its budget is not worth spending.
+  is expected to yield groups with a signal per sample below `yield_floor` (sampling.yield_floor) times the
+  run's average is deferred to a later epoch, at most MAX_DEFERRALS times in a row (then tried again: its
+  evidence grows, no example is starved for good); a visit whose pool has no signal yet is given up on, by the
+  same measure, when the rest of its budget is not worth spending.
 
 Invariants:
 - `next_round` is >= 1 and, for budgeted policies, at most the visit's remaining budget (so a visit never
@@ -31,17 +32,18 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from pipeline.buffer.exit_rules import ExitRule
-from pipeline.buffer.posterior import Outlook, outlook
-from pipeline.buffer.state import History, PromptState
+from pipeline.buffer.policy.exit_rules import ExitRule
+from pipeline.buffer.policy.posterior import Outlook, outlook
 from pipeline.config import SamplingConfig
+
+if TYPE_CHECKING:  # annotations only: state.py imports this package (is_positive)
+    from pipeline.buffer.state import History, PromptState
 
 MAX_ROUNDS_FACTOR = 2  # hard cap: a visit is settled after this many times its budget (rounds or samples)
 MAX_DEFERRALS = 2  # an example is deferred at most this many epochs in a row
 PRIOR_STRENGTH = 2.0  # the population prior counts as this many samples
-ROUND_COST = 1.0  # min_cost: a further round costs as much as this many samples (prefill, latency, a round trip)
 DEFAULT_WASTE = 0.5  # min_cost: share of a sample an aborted one costs, until the buffer has measured it
 
 
@@ -66,11 +68,15 @@ class Allocation(ABC):
     """How a prompt's visit spends its samples; see the module docstring."""
 
     name: ClassVar[str]
+    summary: ClassVar[str]  # what it does, in a few words: the config reference lists it with the name
     decay: ClassVar[float] = 1.0  # weight of earlier visits' evidence when a new visit starts
+    sizes_rounds: ClassVar[bool] = True  # False: every round is the rule's nominal round
 
     def __init__(self, sampling: SamplingConfig, rule: ExitRule) -> None:
-        self.sampling, self.rule = sampling, rule
+        self.rule = rule
         self.n = sampling.group_size
+        self.nominal_round = rule.nominal_round(sampling)  # M, or the rule's own (n under "fixed")
+        self.max_rounds = sampling.max_rounds  # N
         self.budget = sampling.round_size * sampling.max_rounds  # samples per visit (M*N)
 
     def admit(self, hist: History, prior: Prior) -> bool:
@@ -110,21 +116,24 @@ class Uniform(Allocation):
     """M samples per round (n under the "fixed" exit rule), at most N rounds: the paper's schedule."""
 
     name = "uniform"
+    summary = "M per round, N rounds"
+    sizes_rounds = False
 
     def next_round(self, st: PromptState, hist: History, prior: Prior) -> int:
-        return self.rule.nominal_round(self.sampling)
+        return self.nominal_round
 
     def exhausted(self, st: PromptState) -> bool:
-        return st.rounds_completed >= self.sampling.max_rounds
+        return st.rounds_completed >= self.max_rounds
 
     def capped(self, st: PromptState) -> bool:
-        return st.rounds_accepted >= MAX_ROUNDS_FACTOR * self.sampling.max_rounds
+        return st.rounds_accepted >= MAX_ROUNDS_FACTOR * self.max_rounds
 
 
 class Est(Allocation):
     """The authors' estimation-based budget: what the exit rule still needs, divided by the estimated rate."""
 
     name = "est"
+    summary = "about 1/pass-rate estimate, from a Beta posterior over every visit; at most M*N samples per visit"
 
     def next_round(self, st: PromptState, hist: History, prior: Prior) -> int:
         a, b = self.posterior(hist, prior)
@@ -139,7 +148,14 @@ class MinCost(Allocation):
     """Rounds sized to minimise expected cut samples plus rounds under the posterior; hopeless prompts deferred."""
 
     name = "min_cost"
+    summary = ("the round size that minimises expected aborted samples plus rounds under the posterior; defers "
+               "prompts unlikely to resolve, see yield_floor; at most M*N samples per visit")
     decay = 0.8  # pass rates move as the policy learns: earlier visits count 0.8 at each new one
+    round_cost = 1.0  # a further round costs as much as this many samples (prefill, latency, a round trip)
+
+    def __init__(self, sampling: SamplingConfig, rule: ExitRule) -> None:
+        super().__init__(sampling, rule)
+        self.yield_floor = sampling.yield_floor  # see _worth_it
 
     def admit(self, hist: History, prior: Prior) -> bool:
         if hist.visits == 0 or hist.deferred >= MAX_DEFERRALS:
@@ -154,7 +170,7 @@ class MinCost(Allocation):
     def _worth_it(self, look: Outlook, have: float, prior: Prior) -> bool:
         """Whether the rest of a visit yields groups with a signal per sample at least sampling.yield_floor times
         as well as the run does on average (`have`: the chance of one without further samples)."""
-        floor = self.sampling.yield_floor * prior.yield_rate
+        floor = self.yield_floor * prior.yield_rate
         if floor <= 0:
             return True
         samples = sum(j * p for j, p in enumerate(look.exit_at)) + look.unresolved * (len(look.exit_at) - 1)
@@ -168,21 +184,25 @@ class MinCost(Allocation):
         costs = {k: self.expected_cost(look, k, remaining, prior.waste) for k in range(lowest, remaining + 1)}
         return min(costs, key=lambda k: (costs[k], k))
 
-    @staticmethod
-    def expected_cost(look: Outlook, k: int, remaining: int, waste: float) -> float:
-        """Expected cost of the rest of the visit in rounds of k (the last one clipped to the budget): ROUND_COST
+    def expected_cost(self, look: Outlook, k: int, remaining: int, waste: float) -> float:
+        """Expected cost of the rest of the visit in rounds of k (the last one clipped to the budget): `round_cost`
         per round plus `waste` per sample that the exit makes unnecessary (cut or discarded)."""
-        cost = look.unresolved * ROUND_COST * -(-remaining // k)
+        cost = look.unresolved * self.round_cost * -(-remaining // k)
         for j in range(1, remaining + 1):
             p = look.exit_at[j]
             if p:
                 rounds = -(-j // k)
-                cost += p * (ROUND_COST * rounds + waste * (min(rounds * k, remaining) - j))
+                cost += p * (self.round_cost * rounds + waste * (min(rounds * k, remaining) - j))
         return cost
 
 
 POLICIES: dict[str, type[Allocation]] = {cls.name: cls for cls in (Uniform, Est, MinCost)}
 ALLOCATIONS = tuple(POLICIES)
+
+
+def allocation_choices() -> dict[str, str]:
+    """Every policy's name and summary: what the config offers for sampling.allocation."""
+    return {name: cls.summary for name, cls in POLICIES.items()}
 
 
 def make_allocation(sampling: SamplingConfig, rule: ExitRule) -> Allocation:

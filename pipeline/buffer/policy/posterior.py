@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from pipeline.buffer.exit_rules import ExitRule
+from pipeline.buffer.policy.exit_rules import ExitRule
 
 GRID = 64  # posterior parameters are rounded to 1/GRID for the cache (a change far below any decision's scale)
 
