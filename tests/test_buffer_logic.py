@@ -368,6 +368,12 @@ def test_restore_reissues_rounds_in_flight_and_validates():
         Scheduler.restore(data, s.sampling, s.buffer, 2, PROMPTS[:3])
     with pytest.raises(ValueError, match="group_size"):
         Scheduler.restore(data, SamplingConfig(group_size=2), s.buffer, 2, PROMPTS)
+    kpos = [SamplingConfig(group_size=s.sampling.group_size, exit_rule="kpos", exit_rule_params={"k": k})
+            for k in (1, 2)]
+    data = make(batch=2, round_size=2, exit_rule="kpos", exit_rule_params={"k": 1}).snapshot()
+    with pytest.raises(ValueError, match="exit_rule_params"):  # the rule's settings count, not only its name
+        Scheduler.restore(data, kpos[1], s.buffer, 2, PROMPTS)
+    assert Scheduler.restore(data, kpos[0], s.buffer, 2, PROMPTS)
     with pytest.raises(ValueError, match="snapshot"):
         Scheduler.restore(b"\x01\x02", s.sampling, s.buffer, 2, PROMPTS)
 

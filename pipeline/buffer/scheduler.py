@@ -438,7 +438,7 @@ class Scheduler:
             [version, list(internal), gauss], adm.cursor, adm.next_prompt_id, self.round_ids.next_id,
             self._learner_version, pools.groups_consumed, list(pools.active.values()), list(pools.waiting.values()),
             dict(self._counts), dict(self._ignored), dict(pools.rounds_to_exit), dict(adm.history),
-            (adm.positives, adm.samples),
+            (adm.positives, adm.samples), dict(self.sampling.exit_rule_params),
         ))
 
     @classmethod

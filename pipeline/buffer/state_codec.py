@@ -38,6 +38,7 @@ class State(msgspec.Struct):
     rounds_to_exit: dict[int, int]
     history: dict[int, History] = {}  # per training example, across epochs (allocation policies read it)
     observed: tuple[float, float] = (0.0, 0.0)  # positives and samples seen (the population prior)
+    exit_rule_params: dict[str, Any] = {}  # the rule's settings (sampling.exit_rule_params)
 
 
 def encode(state: State) -> bytes:
@@ -55,7 +56,9 @@ def decode(data: bytes, sampling: SamplingConfig, num_prompts: int) -> State:
     if snap.num_prompts != num_prompts:
         raise ValueError(f"the snapshot was taken over {snap.num_prompts} prompts but {num_prompts} were given; "
                          "resume with the same data config and seed")
-    if (snap.group_size, snap.exit_rule) != (sampling.group_size, sampling.exit_rule):
-        raise ValueError(f"the snapshot used group_size={snap.group_size}, exit_rule={snap.exit_rule!r}; "
-                         "resume with the same sampling.group_size and sampling.exit_rule")
+    if ((snap.group_size, snap.exit_rule, snap.exit_rule_params)
+            != (sampling.group_size, sampling.exit_rule, dict(sampling.exit_rule_params))):
+        raise ValueError(f"the snapshot used group_size={snap.group_size}, exit_rule={snap.exit_rule!r}, "
+                         f"exit_rule_params={snap.exit_rule_params}; resume with the same sampling.group_size, "
+                         "sampling.exit_rule and sampling.exit_rule_params")
     return snap
