@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -116,7 +117,8 @@ def run_arm(args, engine: str, model_dir: str, arm) -> dict:
         procs = [_buffer(args, engine, run_dir, port, arm, model_dir)]
         try:  # the buffer and producers stop however this ends
             procs += _producers(args, engine, run_dir, port, model_dir)
-            rows = _learner_rows(args, engine, model_dir, 0 if arm == "reference" else arm, port, run_dir)
+            with tl.CpuSampler() as cpu:
+                rows = _learner_rows(args, engine, model_dir, 0 if arm == "reference" else arm, port, run_dir)
         finally:
             _stop(procs)
         producers = {p.stem: [json.loads(x) for x in p.read_text().splitlines()]
@@ -126,7 +128,7 @@ def run_arm(args, engine: str, model_dir: str, arm) -> dict:
            "staleness_seen": max(r.get("staleness_max", 0) for r in rows),
            "samples_per_step": statistics.median(r.get("buffer/samples_per_released_group", 0) for r in rows)}
     if producers:
-        out["timeline"] = tl.summarize(rows, producers, WARMUP, _slots(args, engine))
+        out["timeline"] = tl.summarize(rows, producers, WARMUP, _slots(args, engine), cpu)
         out["raw"] = (rows, producers)
     return out
 
@@ -201,11 +203,12 @@ def report(args, results: dict) -> str:
                          f"{met} | {a['samples_per_group']['median']:.1f} | {a['staleness_seen']:.0f} |")
         if not all(data["arms"][str(a)]["timeline"] for a in ARMS):
             continue
-        lines += ["", "Timeline (bench/pipeline_timeline.py; per measured step, medians over repeats; busy and slots "
-                  "used as shares):", "",
+        lines += ["", "Timeline (bench/pipeline_timeline.py; per measured step, medians over repeats; busy, slots "
+                  "used and CPU as shares; CPU share = the CPU time of the arm's own processes over the window, "
+                  f"as a share of the {os.cpu_count()} cores):", "",
                   "| arm | learner wait s | of it the tail s | train s | publish s | weights hand-off s | "
-                  "of it the weight load s | producers busy | round slots used |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "of it the weight load s | producers busy | round slots used | CPU share |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for arm in ARMS:
             t = data["arms"][str(arm)]["timeline"]
             med = lambda f, t=t: statistics.median(f(x) for x in t)  # noqa: E731
@@ -214,8 +217,13 @@ def report(args, results: dict) -> str:
                 f"{med(lambda x: x['per_step_s']['tail']):.3f} | {med(lambda x: x['per_step_s']['train']):.3f} | "
                 f"{med(lambda x: x['per_step_s']['publish']):.3f} | {med(lambda x: x['handoff_s_median']):.3f} | "
                 f"{_load_cell(t)} | {med(lambda x: statistics.mean(x['producer_busy_share'].values())):.2f} | "
-                f"{med(lambda x: x['slots_used']):.2f} |")
+                f"{med(lambda x: x['slots_used']):.2f} | {_cpu_cell(t)} |")
     return "\n".join(lines)
+
+
+def _cpu_cell(timelines: list[dict]) -> str:
+    shares = [t["cpu_share"] for t in timelines if t.get("cpu_share") is not None]
+    return f"{statistics.median(shares):.2f}" if shares else "-"
 
 
 def _load_cell(timelines: list[dict]) -> str:

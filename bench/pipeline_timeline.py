@@ -11,12 +11,17 @@ counts: from the end of the last warm-up step to the end of the last step.
 - learner wait: from asking for a batch to getting it; the tail: the part of the learner's wait during which at
   least one producer was idle (the batch waits on a few prompts' rounds, not on the engines);
 - hand-off: from a step's end to each producer's first assignment at the new version (loading the weights, the
-  WorkRequest that fetches work: what an on-policy batch pays before it can start).
+  WorkRequest that fetches work: what an on-policy batch pays before it can start);
+- CPU share: the CPU time the arm's own processes used over the window, as a share of the cores (`CpuSampler`):
+  near 1.0, the machine is saturated and overlapping generation with training cannot add steps per second.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
+import threading
+import time
 from pathlib import Path
 
 Span = tuple[float, float]
@@ -69,7 +74,54 @@ def _intersect(x: list[Span], y: list[Span]) -> list[Span]:
     return out
 
 
-def summarize(rows: list[dict], producers: dict[str, list[dict]], warmup: int, max_rounds: int) -> dict:
+class CpuSampler:
+    """The CPU time of this process's descendants (buffer, producers and their engine cores, learner, reward
+    workers), sampled every `every_s` in a thread: `share(lo, hi)` is the CPU they used over that wall-clock window
+    as a share of the cores this process may use (1.0 = every core busy with the arm's own work; other load on the
+    machine is not counted)."""
+
+    def __init__(self, every_s: float = 0.1) -> None:
+        self.every_s = every_s
+        self.samples: list[tuple[float, dict[int, float]]] = []  # (wall time, pid -> user + system CPU s)
+        self.cores = len(os.sched_getaffinity(0))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self._stop.is_set():
+            cpu = {}
+            for child in me.children(recursive=True):
+                try:
+                    t = child.cpu_times()
+                    cpu[child.pid] = t.user + t.system
+                except psutil.Error:  # it ended between the listing and the read
+                    pass
+            self.samples.append((time.time(), cpu))
+            self._stop.wait(self.every_s)
+
+    def share(self, lo: float, hi: float) -> float | None:
+        """CPU used between the samples nearest inside [lo, hi], over their interval x cores."""
+        inside = [s for s in self.samples if lo <= s[0] <= hi]
+        if len(inside) < 2:
+            return None
+        (t0, a), (t1, b) = inside[0], inside[-1]
+        used = sum(v - a.get(pid, 0.0) for pid, v in b.items())  # a process started inside counts from 0
+        return used / ((t1 - t0) * self.cores)
+
+
+def summarize(rows: list[dict], producers: dict[str, list[dict]], warmup: int, max_rounds: int,
+              cpu: CpuSampler | None = None) -> dict:
     """Shares of the measured window and per-step medians (see the module docstring)."""
     lo, hi = rows[warmup - 1]["time"] if warmup else rows[0]["time"] - rows[0]["step_seconds"], rows[-1]["time"]
     steps = len(rows) - warmup
@@ -98,6 +150,7 @@ def summarize(rows: list[dict], producers: dict[str, list[dict]], warmup: int, m
         "slots_used": statistics.mean(e["rounds"] for e in gens) / max_rounds if gens else 0.0,
         "handoff_s_median": statistics.median(handoff) if handoff else 0.0,
         "weight_load_s_median": statistics.median(loads) if loads else None,
+        "cpu_share": cpu.share(lo, hi) if cpu is not None else None,
     }
 
 
