@@ -101,10 +101,9 @@ class Scheduler:
         self._prompts = prompts
         self._rng = random.Random(seed)
         self._counts = dict.fromkeys(SCHEDULER_COUNTERS, 0)
-        self.pools = Pools(sampling, buffer, self.rule, self.policy, self._rng, self._counts)
-        self.fates = self.pools.fates  # the ledger (ledger.py)
         self.admission = Admission(prompts, self.policy)
-        self.pools.context = lambda st: (self._history(st), self._prior())
+        self.pools = Pools(sampling, buffer, self.rule, self.policy, self._rng, self._counts, context=self._context)
+        self.fates = self.pools.fates  # the ledger (ledger.py)
         self._learner_version = 0
         self.leases = Leases(buffer)
         self._rounds = self.leases.rounds  # round_id in flight -> prompt_id, in issue order
@@ -326,6 +325,10 @@ class Scheduler:
 
     def _history(self, st: PromptState) -> History:
         return self.admission.history.setdefault(st.example_index, History())
+
+    def _context(self, st: PromptState) -> tuple[History, Prior]:
+        """What the policy weighs besides `st`'s pool: its example's history and the population prior."""
+        return self._history(st), self._prior()
 
     def _prior(self) -> Prior:
         """The population prior, with the measured cost of a cut sample relative to a finished one."""
