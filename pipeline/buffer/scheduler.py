@@ -68,7 +68,7 @@ from pipeline import protocol as P
 from pipeline.buffer import state_codec as codec
 from pipeline.buffer.admission import Admission
 from pipeline.buffer.counters import IGNORE_REASONS, MAX_REJECTIONS, SCHEDULER_COUNTERS
-from pipeline.buffer.leases import Leases
+from pipeline.buffer.leases import Lease, Leases
 from pipeline.buffer.ledger import num_tokens
 from pipeline.buffer.policy import DEFAULT_WASTE, MAX_ROUNDS_FACTOR, Prior, build
 from pipeline.buffer.pools import Pools, Released, SubmitOutcome
@@ -105,8 +105,8 @@ class Scheduler:
         self.pools = Pools(sampling, buffer, self.rule, self.policy, self._rng, self._counts, context=self._context)
         self.fates = self.pools.fates  # the ledger (ledger.py)
         self._learner_version = 0
+        # the one book of rounds out at producers (training rounds recorded here; the service adds evaluation ones)
         self.leases = Leases(buffer)
-        self._rounds = self.leases.rounds  # round_id in flight -> prompt_id, in issue order
         self._now = -math.inf
         self._ignored = dict.fromkeys(IGNORE_REASONS, 0)
         self._rejections: dict[int, int] = {}  # prompt id -> results rejected (not snapshotted)
@@ -125,7 +125,7 @@ class Scheduler:
         share = self.leases.room(producer_id, (self.buffer.max_staleness + 1) * self.batch_size, now, client)
         out: list[P.RoundAssignment] = []
         samples = 0
-        while len(out) < min(max_rounds, share) and (cap == 0 or len(self._rounds) < cap):
+        while len(out) < min(max_rounds, share) and (cap == 0 or self.leases.num_train < cap):
             st = self.pools.pop_ready()
             if st is None:
                 if not self._admission_open():
@@ -136,7 +136,7 @@ class Scheduler:
                 self.pools.queue(st)
                 break
             samples += size
-            out.append(self._issue(st, producer_id, size, now))
+            out.append(self._issue(st, producer_id, client, size, now))
         return out
 
     def submit_samples(self, producer_id: str, round_id: int, indices: Sequence[int], samples: Sequence[P.Sample],
@@ -165,7 +165,7 @@ class Scheduler:
         num_new, num_pos = c["samples_received"] - before[0], c["positives_received"] - before[1]
         self.admission.observe(st.example_index, num_pos, num_new - num_pos)  # every new sample is evidence
         if over:
-            self.leases.remove(round_id, fl.producer_id)
+            self.leases.remove(round_id)
         return outcome
 
     def submit_result(
@@ -195,7 +195,7 @@ class Scheduler:
             return
         self._counts["samples_aborted"] += num_samples
         self._counts["tokens_aborted"] += num_tokens
-        if round_id in self._rounds:
+        if self.leases.is_train(round_id):
             self.fates.add("stopped", num_samples, num_tokens)
         else:
             self.fates.straggler(round_id, num_samples, num_tokens)
@@ -243,8 +243,8 @@ class Scheduler:
             return []
         self._learner_version = version
         aborted = []
-        for round_id, prompt_id in list(self._rounds.items()):  # in issue order
-            st = self.pools.active[prompt_id]
+        for round_id, lease in self.leases.train():  # in issue order
+            st = self.pools.active[lease.prompt_id]
             if version - st.in_flight.issued_version > self.buffer.max_staleness:
                 aborted.append(round_id)
                 self._counts["rounds_aborted"] += 1
@@ -270,10 +270,10 @@ class Scheduler:
         """Cancel rounds whose lease passed or whose producer went silent; returns their ids (re-offered later)."""
         self._tick(now)
         expired = []
-        for round_id, prompt_id in list(self._rounds.items()):
-            st = self.pools.active[prompt_id]
+        for round_id, lease in self.leases.train():
+            st = self.pools.active[lease.prompt_id]
             assert st.in_flight is not None and st.in_flight.round_id == round_id
-            if now > st.in_flight.deadline or self.is_silent(st.in_flight.producer_id, now):
+            if now > lease.deadline or self.is_silent(lease.producer, now):
                 expired.append(round_id)
                 self._counts["rounds_expired"] += 1
                 self._cancel(st, "rounds_reissued", "reissued")
@@ -286,8 +286,8 @@ class Scheduler:
             self._now = max(self._now, now)
 
     def _round_prompt(self, round_id: int) -> PromptState | None:
-        prompt_id = self._rounds.get(round_id)
-        return None if prompt_id is None else self.pools.active[prompt_id]
+        lease = self.leases.get(round_id)
+        return None if lease is None or lease.kind != "train" else self.pools.active[lease.prompt_id]
 
     def _ignore(self, round_id: int, samples: Sequence[P.Sample]) -> str:
         if round_id in self.pools.accepted_rounds and round_id not in self.pools.cut_rounds:
@@ -348,12 +348,14 @@ class Scheduler:
         self.pools.add(st)
         return st
 
-    def _issue(self, st: PromptState, producer_id: str, size: int, now: float) -> P.RoundAssignment:
+    def _issue(self, st: PromptState, producer_id: str, client: str, size: int, now: float) -> P.RoundAssignment:
         assert size >= 1, size
         round_id = self.round_ids.take()
-        st.in_flight = InFlight(round_id, producer_id, self._learner_version, now + self.buffer.lease_s, size)
+        deadline = now + self.buffer.lease_s
+        st.in_flight = InFlight(round_id, producer_id, self._learner_version, deadline, size)
         st.rounds_issued += 1
-        self.leases.add(round_id, st.prompt_id, producer_id)
+        self.leases.add(round_id, Lease(producer_id, client, "train", st.prompt_id, size,
+                                        self.sampling.max_new_tokens, deadline))
         self._counts["rounds_issued"] += 1
         # samples are streamed only when the exit rule is checked per sample (else a whole result suffices)
         return P.RoundAssignment(round_id, st.prompt_id, st.prompt, st.answer, size, self.buffer.lease_s,
@@ -368,7 +370,7 @@ class Scheduler:
         """Cancel `st`'s round in flight (counted under `counter`); its samples held, late or aborted get `fate`."""
         fl = st.in_flight
         assert fl is not None
-        self.leases.remove(fl.round_id, fl.producer_id)
+        self.leases.remove(fl.round_id)
         st.in_flight = None
         self._counts[counter] += 1
         self._counts["samples_discarded"] += len(fl.held)  # arrived, never joined: the round starts over
@@ -383,7 +385,7 @@ class Scheduler:
 
     def in_flight(self, round_id: int) -> bool:
         """Whether training round `round_id` is out at a producer (its samples may still be accepted)."""
-        return round_id in self._rounds
+        return self.leases.is_train(round_id)
 
     @property
     def learner_version(self) -> int:
@@ -402,7 +404,7 @@ class Scheduler:
             "active": len(pools.active),
             "groups_waiting": len(pools.waiting),
             "groups_consumed": pools.groups_consumed,
-            "rounds_in_flight": len(self._rounds),
+            "rounds_in_flight": self.leases.num_train,
             "results_ignored": dict(self._ignored),
             # every sample received (evicted ones and those of dropped prompts too) per group released: the cost
             "samples_per_released_group": received / released if released else 0.0,
@@ -422,13 +424,16 @@ class Scheduler:
 
     def check_invariants(self) -> None:
         """Assert the invariants in the module docstring (tests call it after every event; O(state) cost)."""
-        self.pools.check(self._rounds)
-        for round_id, prompt_id in self._rounds.items():
-            in_flight = self.pools.active[prompt_id].in_flight
+        train = dict(self.leases.train())
+        self.pools.check({round_id: lease.prompt_id for round_id, lease in train.items()})
+        for round_id, lease in train.items():
+            in_flight = self.pools.active[lease.prompt_id].in_flight
             assert in_flight is not None and in_flight.round_id == round_id, f"round {round_id} untracked"
+            assert (in_flight.producer_id, in_flight.deadline, in_flight.num_samples) == \
+                (lease.producer, lease.deadline, lease.num_samples), f"round {round_id}: lease and round disagree"
             assert self.round_ids.issued(round_id), f"round {round_id} was never issued"
             assert 0 < in_flight.num_samples and in_flight.arrived <= set(range(in_flight.num_samples))
-        self.leases.check({r: self.pools.active[p].in_flight.producer_id for r, p in self._rounds.items()})
+        self.leases.check()
 
     # ------------------------------------------------------------ snapshot
 
