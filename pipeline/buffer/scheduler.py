@@ -136,7 +136,8 @@ class Scheduler:
                 self.pools.queue(st)
                 break
             samples += size
-            out.append(self._issue(st, producer_id, client, size, now))
+            out.append(self._issue(st, producer_id, size, now))
+            self._lease(out[-1], st, client)
         return out
 
     def submit_samples(self, producer_id: str, round_id: int, indices: Sequence[int], samples: Sequence[P.Sample],
@@ -348,18 +349,22 @@ class Scheduler:
         self.pools.add(st)
         return st
 
-    def _issue(self, st: PromptState, producer_id: str, client: str, size: int, now: float) -> P.RoundAssignment:
+    def _issue(self, st: PromptState, producer_id: str, size: int, now: float) -> P.RoundAssignment:
         assert size >= 1, size
         round_id = self.round_ids.take()
-        deadline = now + self.buffer.lease_s
-        st.in_flight = InFlight(round_id, producer_id, self._learner_version, deadline, size)
+        st.in_flight = InFlight(round_id, producer_id, self._learner_version, now + self.buffer.lease_s, size)
         st.rounds_issued += 1
-        self.leases.add(round_id, Lease(producer_id, client, "train", st.prompt_id, size,
-                                        self.sampling.max_new_tokens, deadline))
         self._counts["rounds_issued"] += 1
         # samples are streamed only when the exit rule is checked per sample (else a whole result suffices)
         return P.RoundAssignment(round_id, st.prompt_id, st.prompt, st.answer, size, self.buffer.lease_s,
                                  stream=self.pools.exit_check != "round", extras=self._extras(st.example_index))
+
+    def _lease(self, a: P.RoundAssignment, st: PromptState, client: str) -> None:
+        """Record round `a`, just issued for `st`, in the book: out at its producer (of `client`) until it ends."""
+        fl = st.in_flight
+        assert fl is not None and fl.round_id == a.round_id
+        self.leases.add(a.round_id, Lease(fl.producer_id, client, "train", st.prompt_id, fl.num_samples,
+                                          self.sampling.max_new_tokens, fl.deadline))
 
     def _extras(self, example: int) -> dict[str, Any]:
         """An example's reward extras: the optional third item of its (prompt, answer, extras) entry."""
@@ -382,6 +387,12 @@ class Scheduler:
         self.pools.queue(st)
 
     # ------------------------------------------------------------ observation
+
+    @property
+    def _rounds(self) -> dict[int, int]:
+        """Training round id out -> its prompt id, in issue order: a view derived from the book of leases (a copy;
+        subclasses read it, e.g. bench/reference_buffer.py's barrier scheduler)."""
+        return {round_id: lease.prompt_id for round_id, lease in self.leases.train()}
 
     def in_flight(self, round_id: int) -> bool:
         """Whether training round `round_id` is out at a producer (its samples may still be accepted)."""
@@ -425,7 +436,7 @@ class Scheduler:
     def check_invariants(self) -> None:
         """Assert the invariants in the module docstring (tests call it after every event; O(state) cost)."""
         train = dict(self.leases.train())
-        self.pools.check({round_id: lease.prompt_id for round_id, lease in train.items()})
+        self.pools.check(self._rounds)
         for round_id, lease in train.items():
             in_flight = self.pools.active[lease.prompt_id].in_flight
             assert in_flight is not None and in_flight.round_id == round_id, f"round {round_id} untracked"
