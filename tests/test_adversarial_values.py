@@ -108,7 +108,7 @@ def test_a_forged_result_is_counted_as_foreign_and_never_applied(tmp_path):
     m = core.metrics(0.4)
     assert m["samples_received"] == 2 * a.num_samples and m["results_ignored"] == {"duplicate": 0, "late": 0,
                                                                                   "unknown": 0}
-    assert m["released"] == 2 and not core.peers.leases
+    assert m["released"] == 2 and not core.leases
     core.scheduler.check_invariants()
 
 
@@ -118,7 +118,7 @@ def test_a_producer_is_named_by_its_connection_not_by_its_messages(tmp_path):
     send(core, "evil", P.Heartbeat("victim", "producer", 0, {"tokens_per_s": 1e9}), 0.1)
     assert "victim" not in core.producer_stats and core.producer_stats["evil"]["tokens_per_s"] == 1e9
     send(core, "victim", honest(a, "evil"), 0.2)  # the victim's connection claiming the thief's name
-    assert core.counters["results_foreign"] == 1 and core.peers.leases[a.round_id].owner == b"evil"
+    assert core.counters["results_foreign"] == 1 and core.leases.get(a.round_id).producer == "evil"
     # a ZAP User-Id is part of the lease: the same identity under another key is someone else
     send(core, "evil", honest(a, "evil"), 0.3, Conn(PRODUCER, "producer:otherkey"))
     assert core.counters["results_foreign"] == 2

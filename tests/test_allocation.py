@@ -97,7 +97,7 @@ def drive(s, p_of, steps, rng):
             for i in range(a.num_samples):
                 x = smp(rng.random() < p_of[example], s.learner_version)
                 out = s.submit_samples("p", a.round_id, [i], [x], TOK, 0.0)
-                if out.status != "accepted" or a.round_id not in s._rounds:
+                if out.status != "accepted" or not s.in_flight(a.round_id):
                     break
         while s.groups_waiting:
             s.take_batch(s.learner_version, 1)

@@ -212,6 +212,26 @@ def test_lost_eval_rounds_are_aborted_and_reissued(tmp_path):
     assert (counts["rounds_issued"], counts["rounds_reissued"], counts["results_late"]) == (16, 4, 4)
 
 
+def test_one_book_holds_every_round_out_and_a_holder_of_eval_rounds_alone_is_kept(tmp_path):
+    core = make(tmp_path)
+    rounds = work(core, 0.0, n=8)
+    evals = [a for a in rounds if a.kind == "eval"]
+    train = [a for a in rounds if a.kind == "train"]
+    assert evals and train and set(core.leases.leases) == {a.round_id for a in rounds}
+    assert core.leases.rounds_held == {"p0": len(train)} and core.leases.leases_held == {"p0": len(rounds)}
+    answer(core, train, 1.0)  # the Scheduler ends its rounds' leases
+    assert set(core.leases.leases) == {a.round_id for a in evals} and not core.leases.rounds_held
+    core.peers.max_peers = 1  # p0 holds evaluation rounds only: a newcomer is refused rather than p0 forgotten
+    assert core.handle(b"newcomer", P.WorkRequest("newcomer", 1, 0), 1.0) == []
+    assert core.counters["peers_refused"] == 1 and b"p0" in core.peers.last_seen
+    answer(core, evals, 2.0, rewards=lambda a: [1] * a.num_samples)
+    assert not core.leases.leases and not core.leases.leases_held
+    core.leases.check()
+    core.scheduler.check_invariants()
+    core.handle(b"newcomer", P.WorkRequest("newcomer", 1, 0), 3.0)  # now p0, holding nothing, makes room
+    assert core.counters["peers_evicted"] == 1 and b"newcomer" in core.peers.last_seen
+
+
 # ---------------------------------------------------------------- draining
 
 

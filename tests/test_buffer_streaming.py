@@ -45,7 +45,7 @@ def test_streamed_samples_exit_early_and_abort_the_rest_of_the_round(tmp_path):
     assert [(o.to, o.msg) for o in outs] == [(None, P.Abort([a.round_id], "prompt exited"))]
     m = core.scheduler.metrics()
     assert m["released"] == 1 and m["rounds_cut"] == 1 and m["samples_cut"] == 4 and m["samples_received"] == 4
-    assert a.round_id not in core.peers.leases  # the round is over: its lease too
+    assert a.round_id not in core.leases  # the round is over: its lease too
     # what the producer then reports of the cut samples is counted as waste; a straggler is late
     assert send(core, [part(a, [5], [1], aborted=(3, 21))], 0.3) == []
     m = core.scheduler.metrics()
@@ -60,7 +60,7 @@ def test_streamed_parts_are_checked_at_the_edge_and_tied_to_their_holder(tmp_pat
     assert core.counters["results_foreign"] == 1 and core.scheduler.metrics()["samples_received"] == 0
     # a first part without its prompt tokens cannot be checked: rejected, the round re-issued
     send(core, [P.RoundSamples(b.round_id, b.prompt_id, P.empty_array("int32"), [0], [sample(1)])], 0.2)
-    assert core.counters["rejected_values"] == 1 and b.round_id not in core.peers.leases
+    assert core.counters["rejected_values"] == 1 and b.round_id not in core.leases
     long = P.RoundSamples(a.round_id, a.prompt_id, PROMPT, [0], [sample(1, n=17)])  # > max_new_tokens
     send(core, [long], 0.3)
     assert core.counters["rejected_values"] == 2

@@ -35,3 +35,12 @@ def test_the_bench_map_names_every_module():
     modules = {p.name for p in (PIPELINE.parent / "bench").glob("*.py")} - {"__init__.py"}
     missing = sorted(m for m in modules if f"`{m}`" not in bench.__doc__)
     assert not missing, f"bench/__init__.py's map omits {missing}: add each under its study"
+
+
+def test_export_is_a_leaf_that_nothing_on_the_training_path_imports():
+    """export.py is what users run after training; the learner writes checkpoints' hf/ through hf.py, below both."""
+    allowed = {"export.py", "evaluate.py", "cli.py"}  # the command itself, `eval RUN_DIR`, and the command table
+    offenders = [str(p.relative_to(PIPELINE)) for p in PIPELINE.rglob("*.py")
+                 if str(p.relative_to(PIPELINE)) not in allowed and "pipeline.export" in p.read_text()]
+    assert not offenders, f"modules import pipeline.export: {offenders}; import what they need from pipeline.hf"
+    assert "pipeline.consumer" not in (PIPELINE / "hf.py").read_text()

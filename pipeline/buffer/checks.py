@@ -26,7 +26,7 @@ import numpy as np
 
 from pipeline import protocol as P
 from pipeline.auth import LEARNER, ROLES
-from pipeline.buffer.peers import Lease
+from pipeline.buffer.leases import Lease
 from pipeline.config import Config
 from pipeline.weights.uris import dist_uri_problem, file_uri_problem
 

@@ -52,6 +52,7 @@ from pipeline.buffer.checks import Limits, check_message, role_problem, weights_
 from pipeline.buffer.evals import Evals
 from pipeline.buffer.incidents import Incidents
 from pipeline.buffer.intake import Intake
+from pipeline.buffer.leases import Lease, Leases
 from pipeline.buffer.peers import IN_PROCESS, Conn, Peers, peer_name
 from pipeline.buffer.progress import ProgressLog, hopeless, progress
 from pipeline.buffer.scheduler import Scheduler
@@ -103,8 +104,6 @@ class BufferCore:
         # no sample of a version the learner has not announced here: producers load only what the buffer passed on
         # (after a resume, the learner's next request brings the buffer to its version within seconds)
         self.limits = Limits(cfg.buffer.max_abs_reward, cfg.producers.engine.max_model_len, 0)
-        self.peers = Peers(self._forget_peer, self.counters,
-                           idle_s=max(PEER_IDLE_S, 4 * cfg.buffer.heartbeat_timeout_s))
         self.latest_weights: P.WeightAnnouncement | None = None
         self.learner_stats: dict[str, float] = {}
         self.parked_work: dict[bytes, _Parked] = {}
@@ -125,6 +124,9 @@ class BufferCore:
         self.progress_log = ProgressLog(now)
         self.resumed = resume and self._resume(prompts)
         self.share_among(cfg.producers.count)
+        # built once the scheduler is final (a resume replaces it): the peers ask its book of leases
+        self.peers = Peers(self.leases, self._forget_peer, self.counters,
+                           idle_s=max(PEER_IDLE_S, 4 * cfg.buffer.heartbeat_timeout_s))
         # after a resume: the evaluation rounds share the restored scheduler's round id allocator
         self.evals = Evals(eval_prompts, cfg.eval.k, cfg.buffer.lease_s, cfg.eval.max_new_tokens,
                            cfg.sampling.positive_threshold, self.scheduler.round_ids)
@@ -137,6 +139,11 @@ class BufferCore:
     @property
     def learner_version(self) -> int:
         return self.scheduler.learner_version
+
+    @property
+    def leases(self) -> Leases:
+        """The one book of rounds out at producers, training and evaluation (leases.py); the Scheduler's."""
+        return self.scheduler.leases
 
     @property
     def producer_stats(self) -> dict[str, dict[str, float]]:
@@ -202,14 +209,16 @@ class BufferCore:
     def _timers(self, now: float) -> None:
         if now - self._last_expire >= EXPIRE_EVERY_S:
             self._last_expire = now
-            lost = self.scheduler.expire(now)
-            lost += self.evals.expire(now, lambda producer: self.scheduler.is_silent(producer, now))
+            lost = self.scheduler.expire(now)  # their leases ended there
+            lost_evals = self.evals.expire(now, lambda producer: self.scheduler.is_silent(producer, now))
+            for round_id in lost_evals:
+                self.leases.remove(round_id)
+            lost += lost_evals
             if lost:
-                self.peers.release(lost)
                 self._outbox.append(Out(None, P.Abort(lost, "lease expired")))
         if now - self._last_peers >= PEERS_EVERY_S:
             self._last_peers = now
-            self.counters["leases_pruned"] += self.peers.expire(now)
+            self.peers.expire(now)
         for parked in list(self.parked_work.values()):
             self._serve_work(parked, now)
         self._serve_batch(now)
@@ -317,7 +326,7 @@ class BufferCore:
 
     def _handler_error(self, sender: bytes, kind: str, exc: Exception) -> None:
         self.incidents.handler_error(sender, kind, exc, self.scheduler, {
-            "leases": len(self.peers.leases), "peers": len(self.peers.last_seen), "stopping": self.stop_reason})
+            "leases": len(self.leases), "peers": len(self.peers.last_seen), "stopping": self.stop_reason})
 
     def _forget_peer(self, identity: bytes, name: str) -> None:
         """A producer connection let go (idle, or making room): what else is kept per producer goes with it."""
@@ -326,9 +335,8 @@ class BufferCore:
         self.generation.retire(name)
 
     def _set_version(self, version: int, now: float) -> None:
-        aborted = self.scheduler.set_learner_version(version, now)
+        aborted = self.scheduler.set_learner_version(version, now)  # their leases ended there
         if aborted:
-            self.peers.release(aborted)
             self._outbox.append(Out(None, P.Abort(aborted, "samples would be stale")))
 
     def _pick_rounds(self, producer_id: str, wanted: int, now: float, samples: int = 0, client: str = ""
@@ -337,18 +345,26 @@ class BufferCore:
         training rounds fit in `samples` less the eval rounds' (0: no sample budget) and the fair share of
         `client` (the connection's CurveZMQ key, "" = the producer alone; see leases.py)."""
         if self.stop_reason is not None:  # draining: the learner is done, only evaluations are left
-            rounds = self.evals.take(wanted, producer_id, now)
+            rounds = self._take_evals(wanted, producer_id, now, client)
         else:
             share = 0
             if self.evals.available:
                 share = (wanted + self._eval_turn) // 2
                 self._eval_turn ^= wanted % 2
-            rounds = self.evals.take(share, producer_id, now)
+            rounds = self._take_evals(share, producer_id, now, client)
             room = samples - sum(r.num_samples for r in rounds)
-            if not samples or room > 0:
+            if not samples or room > 0:  # the Scheduler records the leases of its rounds itself
                 rounds += self.scheduler.request_work(producer_id, wanted - len(rounds), now, max(0, room), client)
-            rounds += self.evals.take(wanted - len(rounds), producer_id, now)
+            rounds += self._take_evals(wanted - len(rounds), producer_id, now, client)
         self.counters["eval_rounds"] += sum(r.kind == "eval" for r in rounds)
+        return rounds
+
+    def _take_evals(self, wanted: int, producer_id: str, now: float, client: str) -> list[P.RoundAssignment]:
+        """Up to `wanted` evaluation rounds for `producer_id`, their leases recorded in the book."""
+        rounds = self.evals.take(wanted, producer_id, now)
+        for r in rounds:
+            self.leases.add(r.round_id, Lease(producer_id, client, r.kind, r.prompt_id, r.num_samples,
+                                              r.max_new_tokens or self.cfg.sampling.max_new_tokens, now + r.lease_s))
         return rounds
 
     def _serve_work(self, parked: _Parked, now: float) -> None:
@@ -357,7 +373,6 @@ class BufferCore:
         # a producer whose weights are too old would only generate samples that are evicted on arrival
         if msg.max_rounds and self.learner_version - msg.version <= self.cfg.buffer.max_staleness:
             rounds = self._pick_rounds(peer_name(parked.identity), msg.max_rounds, now, msg.max_samples, parked.user)
-            self.peers.lease(parked.identity, parked.user, rounds, now, self.cfg.sampling.max_new_tokens)
         latest = self.latest_weights
         stale_weights = latest if latest is not None and msg.version < latest.version else None
         if not rounds and stale_weights is None and now < parked.deadline:
@@ -397,7 +412,7 @@ class BufferCore:
         m = self.scheduler.metrics()
         return M.snapshot_metrics(
             m, self.counters, bad_senders=self.incidents.tables, snapshot=self.snapshots.info,
-            peers={"tracked": len(self.peers.last_seen), "leases": len(self.peers.leases)},
+            peers={"tracked": len(self.peers.last_seen), "leases": len(self.leases)},
             producers=self.producer_stats, learner=self.learner_stats, last_eval=self.last_eval,
             evals_running=self.evals.in_progress(), eval_counts=self.evals.counts,
             progress=progress(m, self.producer_stats, self.peers.samples),

@@ -4,7 +4,8 @@
 
 Invariants:
 - a result for a round leased to another connection (identity, or ZAP User-Id under CurveZMQ) is counted as
-  `results_foreign` and touches nothing: not the round, not its prompt, not the holder's lease;
+  `results_foreign` and touches nothing: not the round, not its prompt, not the holder's lease (leases.py: the
+  one book of rounds out, training ones ended by the Scheduler, evaluation ones here);
 - a result for a round out at no producer goes where it would have gone only to be counted (late, duplicate or
   unknown): it can change no pool;
 - a result whose values fail the edge checks (checks.py) is counted by reason and its round re-issued (the
@@ -32,8 +33,9 @@ from pipeline import protocol as P
 from pipeline.buffer.checks import Limits, check_result, out_of_vocab
 from pipeline.buffer.evals import Evals
 from pipeline.buffer.incidents import Incidents
+from pipeline.buffer.leases import Lease
 from pipeline.buffer.ledger import Generation
-from pipeline.buffer.peers import Conn, Lease, Peers, peer_name
+from pipeline.buffer.peers import Conn, Peers
 from pipeline.buffer.progress import Evidence
 from pipeline.buffer.scheduler import Scheduler
 
@@ -50,6 +52,7 @@ class Intake:
                  tokenize: Callable[[str], Sequence[int]] | None = None) -> None:
         """`tokenize`: the prompt text to its token ids as the engines tokenize it (None: no tokenizer)."""
         self.scheduler, self.evals, self.peers, self.incidents = scheduler, evals, peers, incidents
+        self.leases = scheduler.leases  # the one book of rounds out at producers
         self.tokenize = tokenize
         self._prompt_ids: OrderedDict[int, np.ndarray] = OrderedDict()  # example index -> its prompt's tokens
         self.limits, self.vocab_size = limits, vocab_size
@@ -65,7 +68,7 @@ class Intake:
         self._evidence(conn.user or name, seen)
 
     def _result(self, sender: bytes, name: str, msg: P.RoundResult, now: float, conn: Conn) -> None:
-        lease = self.peers.leases.get(msg.round_id)
+        lease = self.leases.get(msg.round_id)
         if lease is None:  # out at no producer: late, duplicate or unknown, counted where it would have gone
             assert not self.evals.owns(msg.round_id), f"eval round {msg.round_id} is in flight without a lease"
             if msg.kind == "eval":
@@ -74,11 +77,14 @@ class Intake:
                 self.scheduler.submit_samples(name, msg.round_id, range(len(msg.samples)), msg.samples,
                                               P.empty_array("int32"), now)
             return
-        if self._foreign(sender, conn, msg.round_id, lease):
+        if self._foreign(sender, name, conn, msg.round_id, lease):
             if lease.kind == "train":
                 self.scheduler.refuse(msg.samples)
             return
-        self.peers.release([msg.round_id])  # its holder answered: whatever follows, the lease is over
+        # its holder answered: whatever follows, the lease is over (a training round's whole result, accepted or
+        # rejected, ends the round in the Scheduler, which ends its lease)
+        if lease.kind == "eval":
+            self.leases.remove(msg.round_id)
         if msg.kind != lease.kind:  # the lease decides: an older producer's results are not lost
             self.counters["results_wrong_kind"] += 1
             if self.counters["results_wrong_kind"] == 1:
@@ -107,8 +113,8 @@ class Intake:
     def _samples(self, sender: bytes, name: str, msg: P.SampleResults, now: float, conn: Conn) -> list[int]:
         cut: list[int] = []
         for part in msg.rounds:
-            lease = self.peers.leases.get(part.round_id)
-            if lease is not None and self._foreign(sender, conn, part.round_id, lease):
+            lease = self.leases.get(part.round_id)
+            if lease is not None and self._foreign(sender, name, conn, part.round_id, lease):
                 self.scheduler.refuse(part.samples, part.num_aborted, part.aborted_tokens)
                 continue
             self.scheduler.report_aborted(part.round_id, part.num_aborted, part.aborted_tokens)  # waste, counted
@@ -125,22 +131,20 @@ class Intake:
             if not reason and lease.kind != "train":
                 reason, why = "samples", f"eval round {part.round_id} came back streamed; eval rounds are whole"
             if reason:
-                self.peers.release([part.round_id])
                 self._reject(sender, name, part.round_id, lease, reason, why, now, part.samples)
                 continue
             out = self.scheduler.submit_samples(name, part.round_id, part.indices, part.samples, prompt, now)
             if out.accepted:
                 self.peers.count_samples(name, len(part.samples))
-            if not self.scheduler.in_flight(part.round_id):  # complete, cut or rejected: the lease is over
-                self.peers.release([part.round_id])
+            # once the round is over (complete, cut or rejected) the Scheduler has ended its lease
             cut += out.aborted
         return cut
 
-    def _foreign(self, sender: bytes, conn: Conn, round_id: int, lease: Lease) -> bool:
-        if lease.held_by(sender, conn.user):
+    def _foreign(self, sender: bytes, name: str, conn: Conn, round_id: int, lease: Lease) -> bool:
+        if lease.held_by(name, conn.user):  # names are injective (peers.peer_name): the same connection
             return False
         self.incidents.bad("results_foreign", sender, f"a result for round {round_id}, which is leased to "
-                           f"{peer_name(lease.owner)}", "rejected_by_sender")
+                           f"{lease.producer}", "rejected_by_sender")
         return True
 
     def _problem(self, msg: P.RoundResult, lease: Lease, known: Any) -> tuple[str, str]:
@@ -156,6 +160,7 @@ class Intake:
         self.incidents.bad("rejected_oov" if reason == "oov" else "rejected_values", sender, why,
                            "rejected_by_sender", reason)
         if lease.kind == "eval":
+            self.leases.remove(round_id)
             self.evals.reject(round_id)
         else:  # re-issued at once (the prompt given up on if it repeats); its samples are refused in the ledger
             self.scheduler.reject(name, round_id, now, samples)

@@ -32,7 +32,6 @@ SERVICE_COUNTERS = {
     "peers_refused": "producer messages from a new identity while every tracked identity held a lease",
     "peers_evicted": "idle producer identities forgotten to make room for a new one",
     "peers_expired": "producer identities forgotten after being silent for a while without a lease",
-    "leases_pruned": "leases released long after their deadline (0 unless the buffer lost track of a round)",
     "unroutable": "replies dropped: the peer was gone or not reading",
     "eval_rounds": "evaluation rounds handed out",
     "results_wrong_kind": "results whose kind was not their round's (a producer that does not echo the kind)",

@@ -1,29 +1,27 @@
-"""Who the buffer is serving: a bounded table of the producers' connections, and the lease of every round out.
+"""Who the buffer is serving: a bounded table of the producers' connections.
 
 A peer is a connection identity (the ZeroMQ routing id) that sent producer messages; its name, `peer_name`, is
-what the buffer calls that producer everywhere (scheduler, stats, progress): a producer is named by its
-connection, never by what its messages claim. A `Lease` records the identity and ZAP User-Id (under CurveZMQ
-"<role>:<public key>") a round was handed to, and what a result for it must match (checks.py).
+what the buffer calls that producer everywhere (scheduler, leases, stats, progress): a producer is named by its
+connection, never by what its messages claim. Which rounds a peer holds is not kept here: the one book of rounds
+out at producers is leases.py's (`Leases`), which this table asks.
 
 Invariants:
 - at most `max_peers` identities are tracked; a newcomer evicts the least recently heard peer that holds no lease
   (or is refused when every tracked peer holds one), and a peer silent for `idle_s` without a lease is expired;
   either way its entries in `stats` and `samples` go, and `forget` is called with its name so the caller's
   tables keyed by producer go too: every per-producer table stays within the bound;
-- every round handed out has exactly one Lease until its holder answers, or it is aborted or expires (the
-  caller releases it then); `leases_held[identity]` counts the leases of each peer, and a peer with one is never
-  forgotten;
+- a peer that holds a lease (of either kind, per the book) is never forgotten;
 - `peer_name` is injective: two identities never share a name (a non-UTF-8 or "#"-led identity becomes "#<hex>").
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline import protocol as P
 from pipeline.auth import LEARNER
+from pipeline.buffer.leases import Leases
 
 MAX_PEERS = 1024  # producer identities tracked at once (a few hundred producers is already a large run)
 
@@ -50,34 +48,17 @@ def peer_name(identity: bytes) -> str:
     return "#" + identity.hex()
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """One round out at a producer: who holds it, and what its result must match."""
-
-    owner: bytes  # the ZeroMQ identity it was handed to
-    user: str  # that connection's ZAP User-Id ("" without CurveZMQ)
-    kind: str  # "train" | "eval"
-    prompt_id: int
-    num_samples: int
-    max_new_tokens: int  # completion tokens per sample at most (the round's own for eval rounds)
-    deadline: float
-
-    def held_by(self, identity: bytes, user: str) -> bool:
-        return identity == self.owner and user == self.user
-
-
 class Peers:
-    """The tracked producer connections and the leases; see the module docstring."""
+    """The tracked producer connections; see the module docstring."""
 
-    def __init__(self, forget: Callable[[bytes, str], None], counts: dict[str, int], max_peers: int = MAX_PEERS,
-                 idle_s: float = 60.0) -> None:
-        """`forget(identity, name)` is called for every peer let go; `counts` gets peers_refused, peers_evicted
-        and peers_expired added up (the caller's counters)."""
+    def __init__(self, leases: Leases, forget: Callable[[bytes, str], None], counts: dict[str, int],
+                 max_peers: int = MAX_PEERS, idle_s: float = 60.0) -> None:
+        """`leases`: the book of rounds out, asked whether a peer holds one; `forget(identity, name)` is called
+        for every peer let go; `counts` gets peers_refused, peers_evicted and peers_expired added up (the caller's
+        counters)."""
         assert max_peers >= 1 and idle_s > 0
-        self.forget, self.counts, self.max_peers, self.idle_s = forget, counts, max_peers, idle_s
+        self.leases, self.forget, self.counts, self.max_peers, self.idle_s = leases, forget, counts, max_peers, idle_s
         self.last_seen: OrderedDict[bytes, float] = OrderedDict()  # least recently heard first
-        self.leases_held: dict[bytes, int] = {}  # identity -> leases it holds (only peers holding one)
-        self.leases: dict[int, Lease] = {}  # round id -> its lease
         self.stats: dict[str, dict[str, float]] = {}  # name -> its last heartbeat's stats (and version, seen)
         self.samples: dict[str, int] = {}  # name -> samples received from it (training and evaluation)
 
@@ -94,42 +75,21 @@ class Peers:
     def count_samples(self, name: str, num_samples: int) -> None:
         self.samples[name] = self.samples.get(name, 0) + num_samples
 
-    def lease(self, identity: bytes, user: str, rounds: Iterable[P.RoundAssignment], now: float,
-              max_new_tokens: int) -> None:
-        """Record the rounds just handed to `identity` (max_new_tokens: the run's, for a round that has none)."""
-        for r in rounds:
-            assert r.round_id not in self.leases, f"round {r.round_id} leased twice"
-            self.leases[r.round_id] = Lease(identity, user, r.kind, r.prompt_id, r.num_samples,
-                                            r.max_new_tokens or max_new_tokens, now + r.lease_s)
-            self.leases_held[identity] = self.leases_held.get(identity, 0) + 1
+    def holds_lease(self, identity: bytes) -> bool:
+        return self.leases.holds(peer_name(identity))
 
-    def release(self, round_ids: Iterable[int]) -> None:
-        """The rounds are no longer out (answered, aborted or expired); unknown ids are skipped."""
-        for round_id in round_ids:
-            lease = self.leases.pop(round_id, None)
-            if lease is not None:
-                left = self.leases_held[lease.owner] - 1
-                if left:
-                    self.leases_held[lease.owner] = left
-                else:
-                    del self.leases_held[lease.owner]
-
-    def expire(self, now: float) -> int:
-        """Forget peers silent for idle_s that hold no lease; release leases past their deadline by more than
-        idle_s (none should be: the caller releases every expired round). Returns those leases' count."""
+    def expire(self, now: float) -> None:
+        """Forget peers silent for idle_s that hold no lease."""
         for identity, seen in list(self.last_seen.items()):
             if now - seen <= self.idle_s:
                 break  # ordered by last heard: the rest are more recent
-            if identity not in self.leases_held:
+            if not self.holds_lease(identity):
                 self._drop(identity)
                 self.counts["peers_expired"] += 1
-        stuck = [rid for rid, lease in self.leases.items() if now > lease.deadline + self.idle_s]
-        self.release(stuck)
-        return len(stuck)
 
     def _evict_one(self) -> bool:
         for identity in self.last_seen:  # least recently heard first
-            if identity not in self.leases_held:
+            if not self.holds_lease(identity):
                 self._drop(identity)
                 self.counts["peers_evicted"] += 1
                 return True

@@ -78,12 +78,14 @@ class Pools:
     """The active and waiting prompts; see the module docstring."""
 
     def __init__(self, sampling: SamplingConfig, buffer: BufferConfig, rule: ExitRule, policy: Allocation,
-                 rng: random.Random, counts: dict[str, int]) -> None:
+                 rng: random.Random, counts: dict[str, int], *,
+                 context: Callable[[PromptState], tuple[History, Prior]]) -> None:
+        """`context(st)`: what the policy needs besides `st`'s pool to decide whether to give up on it (its
+        example's history, the population prior); the Scheduler's, which keeps both."""
         self.sampling, self.buffer, self.rule, self.policy, self.rng, self.counts = \
             sampling, buffer, rule, policy, rng, counts
+        self.context = context
         self.exit_check = "round" if rule.whole_rounds else sampling.exit_check
-        # what the policy needs besides the pool (the example's history, the population prior): the Scheduler's
-        self.context: Callable[[PromptState], tuple[History, Prior]] = lambda st: (History(), Prior())
         self.active: dict[int, PromptState] = {}
         self.waiting: dict[int, Released] = {}  # insertion order = release order (FIFO)
         self.accepted_rounds: set[int] = set()  # accepted round ids of live prompts (duplicate vs late)

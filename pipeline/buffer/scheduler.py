@@ -68,7 +68,7 @@ from pipeline import protocol as P
 from pipeline.buffer import state_codec as codec
 from pipeline.buffer.admission import Admission
 from pipeline.buffer.counters import IGNORE_REASONS, MAX_REJECTIONS, SCHEDULER_COUNTERS
-from pipeline.buffer.leases import Leases
+from pipeline.buffer.leases import Lease, Leases
 from pipeline.buffer.ledger import num_tokens
 from pipeline.buffer.policy import DEFAULT_WASTE, MAX_ROUNDS_FACTOR, Prior, build
 from pipeline.buffer.pools import Pools, Released, SubmitOutcome
@@ -101,13 +101,12 @@ class Scheduler:
         self._prompts = prompts
         self._rng = random.Random(seed)
         self._counts = dict.fromkeys(SCHEDULER_COUNTERS, 0)
-        self.pools = Pools(sampling, buffer, self.rule, self.policy, self._rng, self._counts)
-        self.fates = self.pools.fates  # the ledger (ledger.py)
         self.admission = Admission(prompts, self.policy)
-        self.pools.context = lambda st: (self._history(st), self._prior())
+        self.pools = Pools(sampling, buffer, self.rule, self.policy, self._rng, self._counts, context=self._context)
+        self.fates = self.pools.fates  # the ledger (ledger.py)
         self._learner_version = 0
+        # the one book of rounds out at producers (training rounds recorded here; the service adds evaluation ones)
         self.leases = Leases(buffer)
-        self._rounds = self.leases.rounds  # round_id in flight -> prompt_id, in issue order
         self._now = -math.inf
         self._ignored = dict.fromkeys(IGNORE_REASONS, 0)
         self._rejections: dict[int, int] = {}  # prompt id -> results rejected (not snapshotted)
@@ -126,7 +125,7 @@ class Scheduler:
         share = self.leases.room(producer_id, (self.buffer.max_staleness + 1) * self.batch_size, now, client)
         out: list[P.RoundAssignment] = []
         samples = 0
-        while len(out) < min(max_rounds, share) and (cap == 0 or len(self._rounds) < cap):
+        while len(out) < min(max_rounds, share) and (cap == 0 or self.leases.num_train < cap):
             st = self.pools.pop_ready()
             if st is None:
                 if not self._admission_open():
@@ -138,6 +137,7 @@ class Scheduler:
                 break
             samples += size
             out.append(self._issue(st, producer_id, size, now))
+            self._lease(out[-1], st, client)
         return out
 
     def submit_samples(self, producer_id: str, round_id: int, indices: Sequence[int], samples: Sequence[P.Sample],
@@ -166,7 +166,7 @@ class Scheduler:
         num_new, num_pos = c["samples_received"] - before[0], c["positives_received"] - before[1]
         self.admission.observe(st.example_index, num_pos, num_new - num_pos)  # every new sample is evidence
         if over:
-            self.leases.remove(round_id, fl.producer_id)
+            self.leases.remove(round_id)
         return outcome
 
     def submit_result(
@@ -196,7 +196,7 @@ class Scheduler:
             return
         self._counts["samples_aborted"] += num_samples
         self._counts["tokens_aborted"] += num_tokens
-        if round_id in self._rounds:
+        if self.leases.is_train(round_id):
             self.fates.add("stopped", num_samples, num_tokens)
         else:
             self.fates.straggler(round_id, num_samples, num_tokens)
@@ -244,8 +244,8 @@ class Scheduler:
             return []
         self._learner_version = version
         aborted = []
-        for round_id, prompt_id in list(self._rounds.items()):  # in issue order
-            st = self.pools.active[prompt_id]
+        for round_id, lease in self.leases.train():  # in issue order
+            st = self.pools.active[lease.prompt_id]
             if version - st.in_flight.issued_version > self.buffer.max_staleness:
                 aborted.append(round_id)
                 self._counts["rounds_aborted"] += 1
@@ -271,10 +271,10 @@ class Scheduler:
         """Cancel rounds whose lease passed or whose producer went silent; returns their ids (re-offered later)."""
         self._tick(now)
         expired = []
-        for round_id, prompt_id in list(self._rounds.items()):
-            st = self.pools.active[prompt_id]
+        for round_id, lease in self.leases.train():
+            st = self.pools.active[lease.prompt_id]
             assert st.in_flight is not None and st.in_flight.round_id == round_id
-            if now > st.in_flight.deadline or self.is_silent(st.in_flight.producer_id, now):
+            if now > lease.deadline or self.is_silent(lease.producer, now):
                 expired.append(round_id)
                 self._counts["rounds_expired"] += 1
                 self._cancel(st, "rounds_reissued", "reissued")
@@ -287,8 +287,8 @@ class Scheduler:
             self._now = max(self._now, now)
 
     def _round_prompt(self, round_id: int) -> PromptState | None:
-        prompt_id = self._rounds.get(round_id)
-        return None if prompt_id is None else self.pools.active[prompt_id]
+        lease = self.leases.get(round_id)
+        return None if lease is None or lease.kind != "train" else self.pools.active[lease.prompt_id]
 
     def _ignore(self, round_id: int, samples: Sequence[P.Sample]) -> str:
         if round_id in self.pools.accepted_rounds and round_id not in self.pools.cut_rounds:
@@ -327,6 +327,10 @@ class Scheduler:
     def _history(self, st: PromptState) -> History:
         return self.admission.history.setdefault(st.example_index, History())
 
+    def _context(self, st: PromptState) -> tuple[History, Prior]:
+        """What the policy weighs besides `st`'s pool: its example's history and the population prior."""
+        return self._history(st), self._prior()
+
     def _prior(self) -> Prior:
         """The population prior, with the measured cost of a cut sample relative to a finished one."""
         c = self._counts
@@ -350,11 +354,17 @@ class Scheduler:
         round_id = self.round_ids.take()
         st.in_flight = InFlight(round_id, producer_id, self._learner_version, now + self.buffer.lease_s, size)
         st.rounds_issued += 1
-        self.leases.add(round_id, st.prompt_id, producer_id)
         self._counts["rounds_issued"] += 1
         # samples are streamed only when the exit rule is checked per sample (else a whole result suffices)
         return P.RoundAssignment(round_id, st.prompt_id, st.prompt, st.answer, size, self.buffer.lease_s,
                                  stream=self.pools.exit_check != "round", extras=self._extras(st.example_index))
+
+    def _lease(self, a: P.RoundAssignment, st: PromptState, client: str) -> None:
+        """Record round `a`, just issued for `st`, in the book: out at its producer (of `client`) until it ends."""
+        fl = st.in_flight
+        assert fl is not None and fl.round_id == a.round_id
+        self.leases.add(a.round_id, Lease(fl.producer_id, client, "train", st.prompt_id, fl.num_samples,
+                                          self.sampling.max_new_tokens, fl.deadline))
 
     def _extras(self, example: int) -> dict[str, Any]:
         """An example's reward extras: the optional third item of its (prompt, answer, extras) entry."""
@@ -365,7 +375,7 @@ class Scheduler:
         """Cancel `st`'s round in flight (counted under `counter`); its samples held, late or aborted get `fate`."""
         fl = st.in_flight
         assert fl is not None
-        self.leases.remove(fl.round_id, fl.producer_id)
+        self.leases.remove(fl.round_id)
         st.in_flight = None
         self._counts[counter] += 1
         self._counts["samples_discarded"] += len(fl.held)  # arrived, never joined: the round starts over
@@ -378,9 +388,15 @@ class Scheduler:
 
     # ------------------------------------------------------------ observation
 
+    @property
+    def _rounds(self) -> dict[int, int]:
+        """Training round id out -> its prompt id, in issue order: a view derived from the book of leases (a copy;
+        subclasses read it, e.g. bench/reference_buffer.py's barrier scheduler)."""
+        return {round_id: lease.prompt_id for round_id, lease in self.leases.train()}
+
     def in_flight(self, round_id: int) -> bool:
         """Whether training round `round_id` is out at a producer (its samples may still be accepted)."""
-        return round_id in self._rounds
+        return self.leases.is_train(round_id)
 
     @property
     def learner_version(self) -> int:
@@ -399,7 +415,7 @@ class Scheduler:
             "active": len(pools.active),
             "groups_waiting": len(pools.waiting),
             "groups_consumed": pools.groups_consumed,
-            "rounds_in_flight": len(self._rounds),
+            "rounds_in_flight": self.leases.num_train,
             "results_ignored": dict(self._ignored),
             # every sample received (evicted ones and those of dropped prompts too) per group released: the cost
             "samples_per_released_group": received / released if released else 0.0,
@@ -419,13 +435,16 @@ class Scheduler:
 
     def check_invariants(self) -> None:
         """Assert the invariants in the module docstring (tests call it after every event; O(state) cost)."""
+        train = dict(self.leases.train())
         self.pools.check(self._rounds)
-        for round_id, prompt_id in self._rounds.items():
-            in_flight = self.pools.active[prompt_id].in_flight
+        for round_id, lease in train.items():
+            in_flight = self.pools.active[lease.prompt_id].in_flight
             assert in_flight is not None and in_flight.round_id == round_id, f"round {round_id} untracked"
+            assert (in_flight.producer_id, in_flight.deadline, in_flight.num_samples) == \
+                (lease.producer, lease.deadline, lease.num_samples), f"round {round_id}: lease and round disagree"
             assert self.round_ids.issued(round_id), f"round {round_id} was never issued"
             assert 0 < in_flight.num_samples and in_flight.arrived <= set(range(in_flight.num_samples))
-        self.leases.check({r: self.pools.active[p].in_flight.producer_id for r, p in self._rounds.items()})
+        self.leases.check()
 
     # ------------------------------------------------------------ snapshot
 

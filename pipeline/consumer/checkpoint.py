@@ -5,7 +5,7 @@ Layout under `run_dir/checkpoints/`:
     step_000050/extra.bin        the caller's bytes (data position / buffer snapshot)
     step_000050/rng_rank{r}.pt   python, numpy and torch RNG states of rank r
     step_000050/torch_state.pt   (torch backend) or step_000050/deepspeed/ (DeepSpeed's own shards)
-    step_000050/hf/              the weights as a Hugging Face model directory (pipeline/export.py), when asked
+    step_000050/hf/              the weights as a Hugging Face model directory (pipeline/hf.py), when asked
     latest                       text: the name of the newest complete checkpoint
 
 Invariant: a checkpoint directory is complete or absent. Every rank writes into `.tmp-step_XXXXXX/` (the
@@ -28,10 +28,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-# `latest_checkpoint` lives in export.py, which imports no torch (the supervisor and `eval` read the pointer too);
-# it is part of this module's interface all the same
-from pipeline.export import HF_DIR, LATEST, HfSource, write_hf
-from pipeline.export import latest_checkpoint as latest_checkpoint
+# `latest_checkpoint` lives in hf.py, which imports no torch (the supervisor and `eval` read the pointer too); it is
+# part of this module's interface all the same
+from pipeline.hf import HF_DIR, LATEST, HfSource, write_hf
+from pipeline.hf import latest_checkpoint as latest_checkpoint
 
 if TYPE_CHECKING:
     from pipeline.consumer.backends import LearnerBackend

@@ -25,7 +25,7 @@ from pipeline.consumer.learner import Learner
 from pipeline.consumer.runlog import RunLog
 from pipeline.consumer.stopping import Stopped, StopSignals
 from pipeline.cores import pin_cores
-from pipeline.export import HF_DIR, HfSource
+from pipeline.hf import HF_DIR, HfSource
 from pipeline.transport import BufferClient, parse_connect, unique_identity
 
 if TYPE_CHECKING:

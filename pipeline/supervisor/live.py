@@ -24,7 +24,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from pipeline.buffer.ledger import compact, table
-from pipeline.export import HF_DIR, latest_checkpoint
+from pipeline.hf import HF_DIR, latest_checkpoint
 from pipeline.jsonl import JsonlTail as JsonlTail  # the live view's reader of metrics.jsonl and eval.jsonl
 from pipeline.plots import plot_runs
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from pipeline.auth import make_keys
 from pipeline.config import Config, ConfigError, dumps_toml, key_path
 from pipeline.config.schema import DataConfig, EndpointsConfig, LearnerConfig, RunConfig
-from pipeline.export import latest_checkpoint
+from pipeline.hf import latest_checkpoint
 from pipeline.models import TINY_DIR, resolve_model_path
 from pipeline.pretrained import CACHE, SMOLLM2, is_gguf
 from pipeline.supervisor.launchers import Launcher, make_launcher, torchrun_command
