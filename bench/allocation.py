@@ -1,8 +1,8 @@
 """Adaptive allocation at paper scale, without a model: `python -m bench.allocation [--quick]`.
 
-Every strategy drives the real `pipeline.buffer.Scheduler` through `bench.sampling_sim` (simulated vLLM engines,
+Every strategy drives the real `pipeline.buffer.Scheduler` through `bench.sim.run` (simulated vLLM engines,
 the cost model's constants, an instant learner: engine time only) on the selected population of the paper
-(`bench.population`, prompts with 1-5 of 16 correct at the start) early (step 50) and late (step 450) in
+(`bench.sim.population`, prompts with 1-5 of 16 correct at the start) early (step 50) and late (step 450) in
 training. The data set holds DATASET_BATCHES batches, so prompts come back every few steps and the allocation
 policies' per-example history matters; between two visits a prompt's pass rate drifts (a random walk of DRIFT
 on the logit scale per epoch, above the selected population's own spread growth of 1.2 logits over 600 steps),
@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.allocation_report import goals, render
-from bench.population import pass_rates
-from bench.sampling_sim import SimConfig, Strategy, _Sim
+from bench.sim.population import pass_rates
+from bench.sim.run import SimConfig, Strategy, _Sim
 from pipeline.buffer.policy.allocation import MAX_DEFERRALS
 from pipeline.buffer.policy.exit_rules import make_exit_rule
 from pipeline.buffer.policy.posterior import outlook

@@ -1,6 +1,6 @@
 """The sampling cost of Reinforce-Ada at paper scale, without a model: `python -m bench.sampling [--quick]`.
 
-Runs `bench.sampling_sim` (simulated vLLM engines and an instant learner driving the real `pipeline.buffer.Scheduler`)
+Runs `bench.sim.run` (simulated vLLM engines and an instant learner driving the real `pipeline.buffer.Scheduler`)
 for GRPO, the paper's round-synchronous Ada-pos / Ada-balance and this project's streaming scheduler, on an
 early-training and a late-training prompt population, and writes bench/results/sampling.md and sampling.png.
 Engine time only, on the same engines for every strategy; `bench.table2` models the learner, the weight sync and
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.population import draw_pass_rates, early_population, late_population, population_stats
-from bench.sampling_sim import STRATEGIES, SimConfig, simulate
+from bench.sim.population import draw_pass_rates, early_population, late_population, population_stats
+from bench.sim.run import STRATEGIES, SimConfig, simulate
 
 __all__ = ["STRATEGIES", "SimConfig", "main", "run_regime", "simulate", "table"]
 PAPER_RATIO = {"pos": 2.2, "balance": 2.8}  # paper Table 2 (1.5B), cost per step relative to GRPO, as quoted

@@ -3,8 +3,8 @@
 
 Reference rows: round-synchronous, colocated GRPO, Ada-pos and Ada-balance with the paper's semantics (max_staleness
 0, unresolved "keep", downsample "first", N = 4, M = 8, n = 4) on 8 GPUs that generate and then train, over the
-selected population at six phases of a 600-step run (`bench.population`), every constant stated in
-`bench.costmodel`. The paper: GRPO 102 s, Ada-pos 228 s (2.2x), Ada-balance 290 s (2.8x) per update.
+selected population at six phases of a 600-step run (`bench.sim.population`), every constant stated in
+`bench.sim.costmodel`. The paper: GRPO 102 s, Ada-pos 228 s (2.2x), Ada-balance 290 s (2.8x) per update.
 Then: a check of the population against the paper's Fig. 5, the sensitivity of both ratios to each constant
 (+-50%, by replaying the reference runs' traces), what it would take to match the paper's absolute seconds, and the
 streaming rows: GRPO, Ada-pos and Ada-balance, each with unresolved "keep" and "drop", on 4+4 and 6+2 splits of the
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.costmodel import SENSITIVITY, SOURCES, Constants, derived
-from bench.population import FIG5_EXTRA, FIG5_UNRESOLVED, TABLE2_STEPS, curve_at, pass_rates
-from bench.reference_trace import Trace
-from bench.sampling_sim import SimConfig, Strategy, simulate
+from bench.sim.costmodel import SENSITIVITY, SOURCES, Constants, derived
+from bench.sim.population import FIG5_EXTRA, FIG5_UNRESOLVED, TABLE2_STEPS, curve_at, pass_rates
+from bench.sim.run import SimConfig, Strategy, simulate
+from bench.sim.trace import Trace
 from bench.table2_report import render
 from pipeline.config import SamplingConfig
 
