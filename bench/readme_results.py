@@ -164,7 +164,7 @@ def cost_per_gain(results: Path) -> str:
 
 def throughput(results: Path) -> str:
     """Each component against its plain baseline in the same run, the ratio with its spread (bench.throughput)."""
-    from bench.throughput import number
+    from bench.throughput.study import number
 
     d = _load(results, "throughput.json")
     rows = ["| component | ours | baseline (same run) | ratio (min-max over repeats) |", "|---|---:|---|---|"]

@@ -71,7 +71,7 @@ def test_cli_writes_table_and_plot(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def allocation(tmp_path_factory):
-    from bench.allocation import main as allocation_main
+    from bench.allocation.study import main as allocation_main
 
     out = tmp_path_factory.mktemp("allocation")
     only = ["GRPO round-sync", "Ada-balance round-sync", "GRPO streaming", "Ada-balance fixed M=8",

@@ -202,8 +202,9 @@ def test_run_all_goes_on_after_failures_and_reports_them_all(capsys):
 
 
 def test_learner_bench_publish_baseline_and_spread(tmp_path):
-    """bench.learner in-process: the publish rows' baseline is memcpy into preallocated memory, with its spread."""
-    from bench import learner
+    """bench.throughput.learner in-process: the publish rows' baseline is memcpy into preallocated memory, with its
+    spread."""
+    from bench.throughput import learner
 
     out = tmp_path / "learner.md"
     assert learner.main(["--reps", "1", "--hidden", "64", "--layers", "1", "--vocab", "256", "--groups", "2",
@@ -217,9 +218,9 @@ def test_learner_bench_publish_baseline_and_spread(tmp_path):
 
 @pytest.mark.slow
 def test_throughput_smoke_runs_every_component(tmp_path):
-    """bench.throughput --smoke: bench.buffer_ingest (a buffer process), bench.producer (real vLLM engines on a
-    random tiny Llama) and bench.learner as subprocesses, and the table with each ratio's spread, its numbers also
-    in throughput.json (the README's table)."""
+    """bench.throughput --smoke: its parts as subprocesses, bench.throughput.buffer_ingest (a buffer process),
+    bench.throughput.producer (real vLLM engines on a random tiny Llama) and bench.throughput.learner, and the table
+    with each ratio's spread, its numbers also in throughput.json (the README's table)."""
     out = tmp_path / "throughput.md"
     _bench("bench.throughput", "--smoke", "--results", str(tmp_path), "--out", str(out), timeout_s=900)
     text = out.read_text()
@@ -240,8 +241,8 @@ def test_throughput_smoke_runs_every_component(tmp_path):
 
 @pytest.mark.slow
 def test_pipeline_bench_smoke(tmp_path, tiny_model_dir):
-    """bench.pipeline on the scripted engine: the round-synchronous reference arm (bench.reference_buffer's barrier
-    buffer) and max_staleness 0, 1, 2, with the timeline's table and picture."""
+    """bench.pipeline on the scripted engine: the round-synchronous reference arm (bench.pipeline.reference_buffer's
+    barrier buffer) and max_staleness 0, 1, 2, with the timeline's table and picture."""
     out = tmp_path / "pipeline.md"
     _bench("bench.pipeline", "--engines", "scripted", "--steps", "4", "--repeats", "1", "--batch", "2", "--out",
            str(out))
@@ -294,7 +295,7 @@ def test_weights_bench_smoke(tmp_path, tiny_model_dir):
 @pytest.mark.slow
 def test_e2e_bench_trains_and_evaluates_a_tiny_sweep(tmp_path, tiny_model_dir):
     """bench.e2e for real: one GRPO run of 2 steps (`reinforce-ada train`: buffer, two vLLM producers, the
-    learner), then bench.e2e_eval on 20 held-out problems, the statistics, the markdown and the plot."""
+    learner), then bench.e2e.evaluate on 20 held-out problems, the statistics, the markdown and the plot."""
     _bench("bench.e2e", "--seeds", "1", "--settings", "normal", "--steps", "2", "--eval-every", "2",
            "--strategies", "grpo", "--eval-problems", "20", "--k", "1", "--out", str(tmp_path), "--name", "smoke",
            timeout_s=900)

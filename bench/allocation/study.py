@@ -19,7 +19,7 @@ sample at a time, without deferring anything, against GRPO's. Per step and per u
 both rewards): samples, engine time, rounds per prompt, unresolved and deferred shares, kept vs generated lengths
 (and the kept / all ratio per class over the same prompts: the length bias), the pass-rate histogram of trained
 groups against the population's, and the goals of issue #15 computed side by side from one run.
-Writes bench/results/allocation.json and allocation.md (rendered from the JSON by `bench.allocation_report`).
+Writes bench/results/allocation.json and allocation.md (rendered from the JSON by `bench.allocation.report`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.allocation_report import goals, render
+from bench.allocation.report import goals, render
 from bench.sim.population import pass_rates
 from bench.sim.run import SimConfig, Strategy, _Sim
 from pipeline.buffer.policy.allocation import MAX_DEFERRALS
@@ -216,8 +216,3 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"wrote {dest / 'allocation.json'} and {dest / 'allocation.md'}")
     return data
 
-
-if __name__ == "__main__":
-    from bench import guard
-
-    guard.main(main)

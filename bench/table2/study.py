@@ -10,7 +10,7 @@ Then: a check of the population against the paper's Fig. 5, the sensitivity of b
 streaming rows: GRPO, Ada-pos and Ada-balance, each with unresolved "keep" and "drop", on 4+4 and 6+2 splits of the
 8 GPUs (weight sync included), per step and per useful group (a group holding both rewards) relative to
 round-synchronous GRPO and to streaming GRPO (fixed + keep) on the same split.
-Writes bench/results/table2.json and table2.md (rendered from the JSON by `bench.table2_report`).
+Writes bench/results/table2.json and table2.md (rendered from the JSON by `bench.table2.report`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from bench.sim.costmodel import SENSITIVITY, SOURCES, Constants, derived
 from bench.sim.population import FIG5_EXTRA, FIG5_UNRESOLVED, TABLE2_STEPS, curve_at, pass_rates
 from bench.sim.run import SimConfig, Strategy, simulate
 from bench.sim.trace import Trace
-from bench.table2_report import render
+from bench.table2.report import render
 from pipeline.config import SamplingConfig
 
 RULES = ("fixed", "pos", "balance")
@@ -300,8 +300,3 @@ def main(argv: list[str] | None = None) -> dict:
           f"{data['ratios']['balance']:.2f}x (paper 2.8x); wrote {dest / 'table2.json'} and {dest / 'table2.md'}")
     return data
 
-
-if __name__ == "__main__":
-    from bench import guard
-
-    guard.main(main)

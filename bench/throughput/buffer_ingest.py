@@ -6,7 +6,7 @@ log-probs as extra frames) as fast as it can, and finally asks for metrics: the 
 was processed (one connection keeps order), so first send -> reply is the ingest time. The raw baseline sends
 the very same frames from a PUSH to a PULL that only receives them.
 
-    python -m bench.buffer_ingest [--rounds 2500] [--tokens 1000]
+    python -m bench.throughput.buffer_ingest [--rounds 2500] [--tokens 1000]
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+from bench.output import RESULTS
 from pipeline import protocol as P
 from pipeline.testing.processes import buffer_command, wait_for_buffer
 from pipeline.transport import BufferClient, free_port, free_port_pair
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def _frames_for(rounds: list[P.RoundAssignment], tokens: int, seed: int = 0) -> list[list]:
@@ -139,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Buffer ingest vs raw ZeroMQ",
         "",
-        f"`python -m bench.buffer_ingest --rounds {args.rounds} --tokens {args.tokens}` "
+        f"`python -m bench.throughput.buffer_ingest --rounds {args.rounds} --tokens {args.tokens}` "
         f"({samples:,} samples of {args.tokens:,} tokens, {mb:.0f} MB of arrays; median of {args.repeats})",
         "",
         "| path | samples/s | MB/s |",

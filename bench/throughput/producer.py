@@ -1,6 +1,7 @@
 """Producer generation throughput vs vLLM's own offline `LLM.generate`, and the in-place weight-load time.
 
-    .venv/bin/python -m bench.producer [--model DIR] [--prompts 48] [--round-size 8] [--max-new-tokens 64] [--reps 7]
+    .venv/bin/python -m bench.throughput.producer [--model DIR] [--prompts 48] [--round-size 8] [--max-new-tokens 64]
+        [--reps 7]
 
 Throughput: the same model, prompts and sampling settings (T = 1, top_p = 1, sampled-token log-probs,
 seed per round) go through
@@ -33,7 +34,7 @@ from bench import guard
 from pipeline.offline import shutdown_llm
 from pipeline.testing.models import save_sharpened_tiny
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def describe(model_dir: str, name: str) -> str:

@@ -2,9 +2,9 @@
 
 Runs, one after another as subprocesses with modest settings, the component benchmarks that each measure their own
 side-by-side ratio in the same run, then reads the numbers back from the JSON each writes under bench/results/:
-  - bench.buffer_ingest: buffer service samples/s vs raw ZeroMQ PUSH/PULL of the same frames;
-  - bench.producer: producer tokens/s vs vLLM's offline LLM.generate, and the in-place weight load time;
-  - bench.learner: learner tokens/s vs a plain transformers step, weight publish vs memcpy.
+  - bench.throughput.buffer_ingest: buffer service samples/s vs raw ZeroMQ PUSH/PULL of the same frames;
+  - bench.throughput.producer: producer tokens/s vs vLLM's offline LLM.generate, and the in-place weight load time;
+  - bench.throughput.learner: learner tokens/s vs a plain transformers step, weight publish vs memcpy.
 The producer's weight load is set against a memcpy of the same number of bytes (and a read of them from a tmpfs
 file into preallocated memory), measured here. Writes bench/results/throughput.md and the
 same numbers to throughput.json, from which the README's table is rendered (bench.readme_results).
@@ -30,18 +30,18 @@ import numpy as np
 
 from bench import guard
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 
 # (name, module, arguments, under --quick, under --smoke (seconds, for the test suite), the file it writes)
 BENCHES = [
-    ("buffer ingest", "bench.buffer_ingest", ["--rounds", "1000", "--repeats", "3"],
+    ("buffer ingest", "bench.throughput.buffer_ingest", ["--rounds", "1000", "--repeats", "3"],
      ["--rounds", "500", "--repeats", "1"], ["--rounds", "20", "--tokens", "16", "--repeats", "1"], "buffer_ingest"),
-    ("producer", "bench.producer", ["--prompts", "48", "--reps", "5", "--loads", "10"],
+    ("producer", "bench.throughput.producer", ["--prompts", "48", "--reps", "5", "--loads", "10"],
      ["--prompts", "24", "--reps", "3", "--loads", "5"],
      ["--prompts", "4", "--round-size", "2", "--max-new-tokens", "8", "--max-num-seqs", "8", "--reps", "1",
       "--loads", "2", "--enforce-eager"], "producer"),
-    ("learner", "bench.learner", ["--reps", "3"], ["--reps", "2"],
+    ("learner", "bench.throughput.learner", ["--reps", "3"], ["--reps", "2"],
      ["--reps", "1", "--hidden", "64", "--layers", "1", "--vocab", "256", "--groups", "2", "--big-mib", "32",
       "--publish-reps", "2"], "learner"),
 ]
@@ -132,9 +132,9 @@ def run_benches(sizing: str, results: Path, timeout: float, loads: list[float]) 
         json_name = f"{file_name}.json"
         try:
             numbers = json.loads((results / json_name).read_text())
-            if module == "bench.buffer_ingest":
+            if module == "bench.throughput.buffer_ingest":
                 rows += parse_buffer(numbers)
-            elif module == "bench.producer":
+            elif module == "bench.throughput.producer":
                 prod_rows, load = parse_producer(numbers)
                 rows += prod_rows
             else:
@@ -229,6 +229,3 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(text))
     return 1 if failures else 0
 
-
-if __name__ == "__main__":
-    guard.main(main)
