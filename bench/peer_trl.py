@@ -38,6 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import output
 from bench.e2e.runs import attach_evals, eval_versions, run_training
 from bench.e2e.strategies import STRATEGIES
 from pipeline.rewards.math import final_number
@@ -421,8 +422,7 @@ def parity_table(doc: dict, arm: str = "grpo") -> list[str]:
 
 
 def write_report(doc: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "peer_trl.json").write_text(json.dumps(doc, indent=1) + "\n")
+    output.write_json(out / "peer_trl.json", doc)  # first: a report that fails to render keeps the numbers
     s = doc["summary"]
     lines = [f"# Side by side with TRL GRPOTrainer ({doc['model']}, {doc['machine']})", "",
              f"`{doc['command']}`: {doc['steps']} learner steps of {doc['batch_prompts']} prompts x n = "
@@ -451,7 +451,7 @@ def write_report(doc: dict, out: Path) -> None:
               "they leave out the seed-to-seed spread of training itself, which the gains by seed show.", ""]
     if doc.get("why_not_vllm"):
         lines += ["TRL with vLLM colocate did not run here:", ""] + [f"- {w}" for w in doc["why_not_vllm"]] + [""]
-    (out / "peer_trl.md").write_text("\n".join(lines))
+    output.write_text(out / "peer_trl.md", "\n".join(lines))
     plot(doc, out / "peer_trl.png")
 
 
@@ -497,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=int, default=0, help="steps between evaluated versions (default steps / 3)")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     p.add_argument("--trl-engine", default="auto", choices=("auto", "vllm", "transformers"))
-    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--out", default=str(output.RESULTS))
     p.add_argument("--reuse-trl", metavar="DIR", help="take the TRL arm from an earlier run's trl-vllm-s<seed> or "
                    "trl-transformers-s<seed> folder in DIR (its result.json and weights) instead of running it again")
     p.add_argument("--reuse", action="store_true", help="take every arm (and evaluation) that finished in --work "

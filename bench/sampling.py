@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import output
 from bench.sim.population import draw_pass_rates, early_population, late_population, population_stats
 from bench.sim.run import STRATEGIES, SimConfig, simulate
 
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--learner-factor", type=float, default=1.0,
                     help="colocated learner time per step / GRPO engine time per step (the 'x GRPO +learner' column)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="bench/results", help="directory for sampling.md and sampling.png")
+    ap.add_argument("--out", default=str(output.RESULTS), help="directory for sampling.md and sampling.png")
     args = ap.parse_args(argv)
     if args.learner_factor < 0:
         raise ValueError(f"--learner-factor must be >= 0, got {args.learner_factor}")
@@ -138,8 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     out.append(f"Simulation time: {time.perf_counter() - started:.1f} s.\n")
     print(out[-1])
     dest = Path(args.out)
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "sampling.md").write_text("\n".join(out))
+    output.write(dest / "sampling.md", "\n".join(out))
     plot(regimes, dest / "sampling.png")
     print(f"wrote {dest / 'sampling.md'} and {dest / 'sampling.png'}")
 

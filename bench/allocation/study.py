@@ -25,7 +25,6 @@ Writes bench/results/allocation.json and allocation.md (rendered from the JSON b
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import output
 from bench.allocation.report import goals, render
 from bench.sim.population import pass_rates
 from bench.sim.run import SimConfig, Strategy, _Sim
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--quick", action="store_true", help="B = 64, 2 engines x 64 slots, 2 + 3 steps (seconds)")
     ap.add_argument("--only", nargs="*", default=(), help="run only these strategies (by name)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="bench/results", help="directory for allocation.json and allocation.md")
+    ap.add_argument("--out", default=str(output.RESULTS), help="directory for allocation.json and allocation.md")
     args = ap.parse_args(argv)
     cfg = AllocConfig(only=tuple(args.only))
     cfg = replace(cfg, sim=replace(cfg.sim, seed=args.seed))
@@ -208,10 +208,8 @@ def main(argv: list[str] | None = None) -> dict:
     data = run(cfg)
     data["command"] = ("python -m bench.allocation " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     dest = Path(args.out)
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "allocation.json").write_text(json.dumps(data, indent=1))
     md = render(data)
-    (dest / "allocation.md").write_text(md)
+    output.write(dest / "allocation.md", md, data)
     print(md)
     print(f"wrote {dest / 'allocation.json'} and {dest / 'allocation.md'}")
     return data

@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import output
 from bench.e2e.data import HardSpec, hard_files, hard_prompts, held_out_check, held_out_file, shown
 from bench.e2e.report import plot, render
 from bench.e2e.runs import attach_evals, eval_versions, run_training
@@ -33,7 +34,6 @@ from bench.e2e.stats import paired_se, summarise
 from bench.e2e.strategies import BASELINE, CONFIG, DEFAULT_STRATEGIES, SETTINGS, parse_strategy, pick_strategies
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "bench" / "results"
 # measured on the 2-core machine, shared (the validation sweep of bench/results/e2e*.md): start-up and shutdown of
 # one `train` run, the evaluation engine's start, one evaluation of 1,000 problems x k = 4, the hard set's selection
 STARTUP_S, EVAL_ENGINE_S, EVAL_S_PER_1000, SELECT_S = 60.0, 25.0, 5.0, 90.0
@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--render", metavar="JSON", help="only redo the summary, markdown and plot of a results JSON")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before one training run is abandoned")
     ap.add_argument("--run-dir", default="", help="keep the runs here (default: a temporary folder, removed)")
-    ap.add_argument("--out", default=str(RESULTS), help="folder for NAME.json, NAME.md and NAME.png")
+    ap.add_argument("--out", default=str(output.RESULTS), help="folder for NAME.json, NAME.md and NAME.png")
     ap.add_argument("--name", default=None, help="output name (default e2e; --quick: e2e_quick)")
     args = ap.parse_args(argv)
     if args.quick:
@@ -175,11 +175,9 @@ def run_seed(args, run_dir: Path, setting: str, setting_overrides: list[str], se
 
 
 def write_outputs(data: dict, out: Path, name: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
     data["summary"] = summarise(data["runs"], BASELINE)
     data["plot"] = f"{name}.png"
-    (out / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
-    (out / f"{name}.md").write_text(render(data))
+    output.write(out / f"{name}.md", render(data), data)
     plot(data, out / f"{name}.png")
 
 

@@ -16,7 +16,6 @@ Writes bench/results/table2.json and table2.md (rendered from the JSON by `bench
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import output
 from bench.sim.costmodel import SENSITIVITY, SOURCES, Constants, derived
 from bench.sim.population import FIG5_EXTRA, FIG5_UNRESOLVED, TABLE2_STEPS, curve_at, pass_rates
 from bench.sim.run import SimConfig, Strategy, simulate
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="B = 64, two phases, one step each (seconds; for tests)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="bench/results", help="directory for table2.json and table2.md")
+    ap.add_argument("--out", default=str(output.RESULTS), help="directory for table2.json and table2.md")
     args = ap.parse_args(argv)
     cfg = Table2Config(seed=args.seed)
     if args.quick:
@@ -291,10 +291,8 @@ def main(argv: list[str] | None = None) -> dict:
     data = run(cfg, Constants())
     data["command"] = ("python -m bench.table2 " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     dest = Path(args.out)
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "table2.json").write_text(json.dumps(data, indent=1))
     md = render(data)
-    (dest / "table2.md").write_text(md)
+    output.write(dest / "table2.md", md, data)
     print(md)
     print(f"ratios to GRPO: Ada-pos {data['ratios']['pos']:.2f}x (paper 2.2x), Ada-balance "
           f"{data['ratios']['balance']:.2f}x (paper 2.8x); wrote {dest / 'table2.json'} and {dest / 'table2.md'}")

@@ -12,19 +12,17 @@ the very same frames from a PUSH to a PULL that only receives them.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import shutil
 import subprocess
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import zmq
 
-from bench.output import RESULTS
+from bench import output
 from pipeline import protocol as P
 from pipeline.testing.processes import buffer_command, wait_for_buffer
 from pipeline.transport import BufferClient, free_port, free_port_pair
@@ -121,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2500)
     parser.add_argument("--tokens", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default=str(RESULTS / "buffer_ingest.md"), help="markdown path (JSON beside it)")
+    parser.add_argument("--out", default=str(output.RESULTS / "buffer_ingest.md"), help="markdown (JSON beside it)")
     args = parser.parse_args(argv)
     samples = args.rounds * 8
     frames = _frames_for([P.RoundAssignment(i, i, "", "", 8, 1.0) for i in range(args.rounds)], args.tokens)
@@ -152,12 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     text = "\n".join(lines)
     print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
     numbers = {"samples": samples, "tokens": args.tokens, "raw_samples_per_s": raw_rate,
                "buffer_samples_per_s": buf_rate, "ratio_spread": {"min": min(ratios), "max": max(ratios)}}
-    out.with_suffix(".json").write_text(json.dumps(numbers, indent=1) + "\n")  # read by bench.throughput
+    output.write(args.out, text, numbers)  # the JSON is read by bench.throughput
     return 0
 
 

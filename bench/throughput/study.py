@@ -28,10 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import guard
+from bench import guard, output
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "bench" / "results"
 
 # (name, module, arguments, under --quick, under --smoke (seconds, for the test suite), the file it writes)
 BENCHES = [
@@ -206,9 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer reps and smaller inputs (about 3 min)")
     ap.add_argument("--smoke", action="store_true", help="tiny inputs, one rep: checks that every part runs")
-    ap.add_argument("--results", default=str(RESULTS), help="folder for the component benches' own files")
+    ap.add_argument("--results", default=str(output.RESULTS), help="folder for the component benches' own files")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds before one benchmark is abandoned")
-    ap.add_argument("--out", default=str(RESULTS / "throughput.md"), help="the table; its numbers go beside it "
+    ap.add_argument("--out", default=str(output.RESULTS / "throughput.md"), help="the table; its numbers go beside it "
                     "as .json")
     args = ap.parse_args(argv)
     t_all = time.monotonic()
@@ -220,12 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     command = ("python -m bench.throughput " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     minutes = (time.monotonic() - t_all) / 60
     text = markdown(command, minutes, lines_run, rows, failures, load)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(text) + "\n")
     loadavg = {"samples_1min": loads, "end_15min": os.getloadavg()[2]}
-    out.with_suffix(".json").write_text(json.dumps(as_json(command, minutes, lines_run, rows, failures, load,
-                                                           loadavg), indent=1) + "\n")
+    output.write(args.out, "\n".join(text), as_json(command, minutes, lines_run, rows, failures, load, loadavg))
     print("\n".join(text))
     return 1 if failures else 0
 
