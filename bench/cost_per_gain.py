@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.e2e_stats import mean, paired_interval
+from bench.e2e.stats import mean, paired_interval
 
 UNIT = 0.01  # a cost is per +0.01 of held-out Ave@k
 PEER_LABELS = {"trl-grpo": "TRL GRPOTrainer (GRPO)", "grpo": "GRPO (this project)", "ada-pos": "Ada-pos",

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from bench import guard
+from bench import guard, output
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/smollm2-135m.toml"
@@ -124,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=5)
     ap.add_argument("--problems", type=int, default=0, help="held-out problems (default: the config's eval)")
     ap.add_argument("--k", type=int, default=0, help="samples per problem (default: the config's eval.k)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--out", default=str(output.RESULTS))
     a, overrides = ap.parse_known_args(argv)  # the rest: config overrides
     from pipeline.config import load_config
     from pipeline.models import resolve_model_path
@@ -146,10 +145,7 @@ def main(argv: list[str] | None = None) -> int:
            "temperature": cfg.sampling.temperature, "draws": draws,
            "summary": {path: summary(d, samples) for path, d in draws.items()},
            "command": " ".join(["python -m bench.eval_noise", *argv])}
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "eval_noise.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out / "eval_noise.md").write_text(report(doc))
+    output.write(Path(a.out) / "eval_noise.md", report(doc), doc)
     print(report(doc))
     return 0
 

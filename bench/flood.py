@@ -29,6 +29,7 @@ import msgspec
 import numpy as np
 import zmq
 
+from bench import output
 from pipeline import protocol as P
 from pipeline.auth import create_token, learner_token_path
 from pipeline.buffer.service import max_frames
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     r = run_flood(args.seconds, args.rate, args.warmup, args.run_dir)
     if args.out:
-        Path(args.out).write_text(json.dumps(r, indent=1) + "\n")
+        output.write_json(args.out, r)
     ok = r["rss_growth"] < 0.10 and min(r["steps_per_10s"] or [0]) > 0 and r["poisoned"] == 0 and \
         r["prompts_accounted"] and r["handler_errors"] == 0
     print(f"{r['identities']} identities, {r['attack_messages']} attack messages in {r['seconds']:.0f} s: buffer RSS "

@@ -16,7 +16,7 @@ to TRL's Trainer: `our_optimizer`), gradient clipping, no KL term, clip range
 the same number of learner steps.
 
 Every arm's published weights at the evaluated steps are evaluated after the runs by one vLLM engine (weights
-reloaded in place, `bench.e2e_eval`) on the config's held-out problems with one per-request seed: the arms'
+reloaded in place, `bench.e2e.evaluate`) on the config's held-out problems with one per-request seed: the arms'
 clocks hold training alone, and all arms are scored by the same code on common random numbers.
 
 Clocks: an arm's seconds count from its trainer's start (this project: the learner process starts once the
@@ -38,8 +38,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.e2e_runs import attach_evals, eval_versions, run_training
-from bench.e2e_strategies import STRATEGIES
+from bench import output
+from bench.e2e.runs import attach_evals, eval_versions, run_training
+from bench.e2e.strategies import STRATEGIES
 from pipeline.rewards.math import final_number
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,7 +235,7 @@ def reuse_trl(folder: Path, seed: int, steps: int) -> dict:
 def reuse_ours(folder: Path, name: str, steps: int, versions: list[int]) -> dict | None:
     """One of this project's arms from an earlier invocation's work folder (its run directory and the evaluated
     versions' weights), or None when it did not finish there."""
-    from bench.e2e_runs import summarise_run
+    from bench.e2e.runs import summarise_run
 
     run = summarise_run(folder / name)
     weights = {v: folder / name / "weights" / f"v{v:06d}.safetensors" for v in versions}
@@ -274,7 +275,7 @@ def evaluate_all(runs: dict, seed: int, work: Path, extra: list[str]) -> dict:
     spec_path.write_text(json.dumps(spec))
     from bench import guard
 
-    outcome = guard.run([sys.executable, "-m", "bench.e2e_eval", str(spec_path), str(out_path)], 3600)
+    outcome = guard.run([sys.executable, "-m", "bench.e2e.evaluate", str(spec_path), str(out_path)], 3600)
     if outcome.code != 0:
         raise RuntimeError(f"evaluation failed (exit {outcome.code}): {outcome.tail}")
     return json.loads(out_path.read_text())["runs"]
@@ -304,7 +305,7 @@ def paired(a: list[float], b: list[float]) -> tuple[float, float]:
 def time_split(run_path: Path) -> dict:
     """Where a run's learner time went: seconds per step computing (log-probs, loss, backward, publish) and waiting
     for a batch (generation-bound), from its metrics.jsonl."""
-    from bench.e2e_runs import read_jsonl
+    from bench.e2e.runs import read_jsonl
 
     rows = read_jsonl(run_path / "metrics.jsonl")
     if not rows:
@@ -421,8 +422,7 @@ def parity_table(doc: dict, arm: str = "grpo") -> list[str]:
 
 
 def write_report(doc: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "peer_trl.json").write_text(json.dumps(doc, indent=1) + "\n")
+    output.write_json(out / "peer_trl.json", doc)  # first: a report that fails to render keeps the numbers
     s = doc["summary"]
     lines = [f"# Side by side with TRL GRPOTrainer ({doc['model']}, {doc['machine']})", "",
              f"`{doc['command']}`: {doc['steps']} learner steps of {doc['batch_prompts']} prompts x n = "
@@ -451,7 +451,7 @@ def write_report(doc: dict, out: Path) -> None:
               "they leave out the seed-to-seed spread of training itself, which the gains by seed show.", ""]
     if doc.get("why_not_vllm"):
         lines += ["TRL with vLLM colocate did not run here:", ""] + [f"- {w}" for w in doc["why_not_vllm"]] + [""]
-    (out / "peer_trl.md").write_text("\n".join(lines))
+    output.write_text(out / "peer_trl.md", "\n".join(lines))
     plot(doc, out / "peer_trl.png")
 
 
@@ -497,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=int, default=0, help="steps between evaluated versions (default steps / 3)")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     p.add_argument("--trl-engine", default="auto", choices=("auto", "vllm", "transformers"))
-    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--out", default=str(output.RESULTS))
     p.add_argument("--reuse-trl", metavar="DIR", help="take the TRL arm from an earlier run's trl-vllm-s<seed> or "
                    "trl-transformers-s<seed> folder in DIR (its result.json and weights) instead of running it again")
     p.add_argument("--reuse", action="store_true", help="take every arm (and evaluation) that finished in --work "

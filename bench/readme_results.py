@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from bench import output
+
 ROOT = Path(__file__).resolve().parents[1]
 RULES = {"fixed": "GRPO", "pos": "Ada-pos", "balance": "Ada-balance"}
 
@@ -164,7 +166,7 @@ def cost_per_gain(results: Path) -> str:
 
 def throughput(results: Path) -> str:
     """Each component against its plain baseline in the same run, the ratio with its spread (bench.throughput)."""
-    from bench.throughput import number
+    from bench.throughput.study import number
 
     d = _load(results, "throughput.json")
     rows = ["| component | ours | baseline (same run) | ratio (min-max over repeats) |", "|---|---:|---|---|"]
@@ -236,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.readme_results", description=__doc__.split("\n\n")[0])
     p.add_argument("--write", action="store_true", help="rewrite the tables in the README")
     p.add_argument("--readme", default=str(ROOT / "README.md"))
-    p.add_argument("--results", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--results", default=str(output.RESULTS))
     a = p.parse_args(argv)
     path, results = Path(a.readme), Path(a.results)
     text = path.read_text()

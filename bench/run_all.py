@@ -22,7 +22,7 @@ from bench import guard
 BENCHES = [
     ("sampling", ["-m", "bench.sampling"], 900),
     ("pipeline against the reference", ["-m", "bench.pipeline"], 3600),  # 8 of its runs start vLLM engines
-    # runs bench.buffer_ingest, bench.producer and bench.learner, each under its own limit
+    # runs its parts bench.throughput.buffer_ingest, .producer and .learner, each under its own limit
     ("throughput", ["-m", "bench.throughput"], 1500),
     ("table 2 in the cost model", ["-m", "bench.table2"], 900),
     ("end to end, short", ["-m", "bench.e2e", "--quick"], 3600),

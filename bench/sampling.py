@@ -1,6 +1,6 @@
 """The sampling cost of Reinforce-Ada at paper scale, without a model: `python -m bench.sampling [--quick]`.
 
-Runs `bench.sampling_sim` (simulated vLLM engines and an instant learner driving the real `pipeline.buffer.Scheduler`)
+Runs `bench.sim.run` (simulated vLLM engines and an instant learner driving the real `pipeline.buffer.Scheduler`)
 for GRPO, the paper's round-synchronous Ada-pos / Ada-balance and this project's streaming scheduler, on an
 early-training and a late-training prompt population, and writes bench/results/sampling.md and sampling.png.
 Engine time only, on the same engines for every strategy; `bench.table2` models the learner, the weight sync and
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.population import draw_pass_rates, early_population, late_population, population_stats
-from bench.sampling_sim import STRATEGIES, SimConfig, simulate
+from bench import output
+from bench.sim.population import draw_pass_rates, early_population, late_population, population_stats
+from bench.sim.run import STRATEGIES, SimConfig, simulate
 
 __all__ = ["STRATEGIES", "SimConfig", "main", "run_regime", "simulate", "table"]
 PAPER_RATIO = {"pos": 2.2, "balance": 2.8}  # paper Table 2 (1.5B), cost per step relative to GRPO, as quoted
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--learner-factor", type=float, default=1.0,
                     help="colocated learner time per step / GRPO engine time per step (the 'x GRPO +learner' column)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="bench/results", help="directory for sampling.md and sampling.png")
+    ap.add_argument("--out", default=str(output.RESULTS), help="directory for sampling.md and sampling.png")
     args = ap.parse_args(argv)
     if args.learner_factor < 0:
         raise ValueError(f"--learner-factor must be >= 0, got {args.learner_factor}")
@@ -138,8 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     out.append(f"Simulation time: {time.perf_counter() - started:.1f} s.\n")
     print(out[-1])
     dest = Path(args.out)
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "sampling.md").write_text("\n".join(out))
+    output.write(dest / "sampling.md", "\n".join(out))
     plot(regimes, dest / "sampling.png")
     print(f"wrote {dest / 'sampling.md'} and {dest / 'sampling.png'}")
 

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import output
 from pipeline.testing.processes import (
     buffer_command,
     prompts_accounted,
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = run_soak(args.seconds, args.producers, args.batch, args.warmup, args.run_dir)
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        output.write_json(args.out, result)
     growth = result["rss_end_mb"] - result["rss_warm_mb"]
     lost = result["results_sent"] - result["results_received"]
     ok = growth < 50 and lost == 0 and result["prompts_accounted"] and result["late_groups"] == 0

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from bench import output
 from pipeline import protocol as P
 from pipeline.config import load_config
 from pipeline.testing.weight_member import request_line
@@ -40,7 +41,6 @@ from pipeline.weights.dist import DistPublisher
 from pipeline.weights.file import iter_file, publish_weights
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
 
 
 def tiny_state() -> dict[str, torch.Tensor]:
@@ -189,16 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--members", type=int, default=2)
     ap.add_argument("--bucket-mb", type=int, default=256)
     ap.add_argument("--big-mib", type=int, default=512)
-    ap.add_argument("--out", default=str(RESULTS), help="folder for weights.json and weights.md")
+    ap.add_argument("--out", default=str(output.RESULTS), help="folder for weights.json and weights.md")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     results = [bench_set("tiny model", tiny_state(), args.reps, args.members, args.bucket_mb),
                bench_set(f"{args.big_mib} MiB set", big_state(args.big_mib), args.reps, args.members,
                          args.bucket_mb)]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "weights.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
-    (out / "weights.md").write_text(markdown(results, args))
+    output.write(Path(args.out) / "weights.md", markdown(results, args), {"args": vars(args), "results": results},
+                 indent=2)
     print(markdown(results, args))
     return 0
 

@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from bench.e2e import expected_seconds, main, parse_args
-from bench.e2e_data import held_out_check, held_out_file, training_problems
-from bench.e2e_report import plot, render, verdict
-from bench.e2e_runs import attach_evals, eval_versions, summarise_run
-from bench.e2e_stats import interp, mean, pair_difference, paired_interval, paired_se, std, summarise, t_quantile
-from bench.e2e_strategies import BASELINE, CONFIG, STRATEGIES, STRATEGY_ROWS, parse_strategy, pick_strategies
+from bench.e2e.data import held_out_check, held_out_file, training_problems
+from bench.e2e.report import plot, render, verdict
+from bench.e2e.runs import attach_evals, eval_versions, summarise_run
+from bench.e2e.stats import interp, mean, pair_difference, paired_interval, paired_se, std, summarise, t_quantile
+from bench.e2e.strategies import BASELINE, CONFIG, STRATEGIES, STRATEGY_ROWS, parse_strategy, pick_strategies
+from bench.e2e.study import expected_seconds, main, parse_args
 from pipeline.config import load_config
 
 

@@ -1,14 +1,14 @@
-"""bench/reference_buffer.py: the reference's round-synchronous dispatch on the real Scheduler (bench.pipeline's
-reference arm). Producers ask for work at random while results come back one at a time in random order: a prompt
-gets its next round only once every round issued before its result came back is back too (the barrier), and each
-step trains exactly the B prompts it admitted, after at most N rounds each."""
+"""bench/pipeline/reference_buffer.py: the reference's round-synchronous dispatch on the real Scheduler
+(bench.pipeline's reference arm). Producers ask for work at random while results come back one at a time in random
+order: a prompt gets its next round only once every round issued before its result came back is back too (the
+barrier), and each step trains exactly the B prompts it admitted, after at most N rounds each."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench.reference_buffer import BarrierScheduler
+from bench.pipeline.reference_buffer import BarrierScheduler
 from pipeline import protocol as P
 from pipeline.buffer.scheduler import Scheduler
 from pipeline.config import BufferConfig, SamplingConfig
@@ -68,9 +68,9 @@ def test_the_streaming_scheduler_has_no_barrier():
 
 
 def test_timeline_summary_splits_the_learner_wait_into_engine_time_and_tail():
-    """bench/pipeline_timeline.py on a hand-made timeline: steps of 1 s (0.6 s wait, 0.3 s train, 0.1 s publish);
+    """bench/pipeline/timeline.py on a hand-made timeline: steps of 1 s (0.6 s wait, 0.3 s train, 0.1 s publish);
     producer a generates for the first 0.4 s of each wait, b for all of it: the tail is 0.2 s a step."""
-    from bench.pipeline_timeline import summarize
+    from bench.pipeline.timeline import summarize
 
     rows = [{"time": t + 1.0, "wait_seconds": 0.6, "step_seconds": 0.4, "publish_seconds": 0.1} for t in range(4)]
     producers = {"a": [{"kind": "generate", "start": t, "end": t + 0.4, "rounds": 4} for t in range(4)],

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from bench.population import _beta_moment, draw_pass_rates, early_population, late_population
 from bench.sampling import STRATEGIES, SimConfig, main, run_regime, simulate, table
+from bench.sim.population import _beta_moment, draw_pass_rates, early_population, late_population
 
 TINY = SimConfig(batch_size=32, num_steps=3, warmup_steps=1, num_engines=2, slots=32)
 
@@ -71,7 +71,7 @@ def test_cli_writes_table_and_plot(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def allocation(tmp_path_factory):
-    from bench.allocation import main as allocation_main
+    from bench.allocation.study import main as allocation_main
 
     out = tmp_path_factory.mktemp("allocation")
     only = ["GRPO round-sync", "Ada-balance round-sync", "GRPO streaming", "Ada-balance fixed M=8",

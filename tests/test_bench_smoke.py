@@ -30,41 +30,49 @@ SAMPLING = "tests/test_bench_sampling.py::test_cli_writes_table_and_plot"
 ALLOCATION = "tests/test_bench_sampling.py::test_allocation_bench_drives_every_policy_and_reports_the_goals"
 E2E = f"{HERE}::test_e2e_bench_trains_and_evaluates_a_tiny_sweep"
 THROUGHPUT = f"{HERE}::test_throughput_smoke_runs_every_component"
+PIPELINE = f"{HERE}::test_pipeline_bench_smoke"
 
-# bench module -> the test that runs it (library modules: the test of the bench that uses them)
+# bench module (dotted, under bench/) -> the test that runs it (parts of a study: the test of the study that uses them;
+# a study package's __main__: its study's test)
 SMOKE = {
-    "allocation": ALLOCATION,
-    "allocation_report": ALLOCATION,
-    "buffer_ingest": THROUGHPUT,
+    "allocation.__main__": ALLOCATION,
+    "allocation.report": ALLOCATION,
+    "allocation.study": ALLOCATION,
     "cost_per_gain": "tests/test_readme.py::test_result_tables_are_generated_from_bench_results",
-    "costmodel": TABLE2,
-    "e2e": E2E,
-    "e2e_data": E2E,
-    "e2e_eval": E2E,
-    "e2e_report": E2E,
-    "e2e_runs": E2E,
-    "e2e_stats": E2E,
-    "e2e_strategies": E2E,
+    "e2e.__main__": E2E,
+    "e2e.data": E2E,
+    "e2e.evaluate": E2E,
+    "e2e.report": E2E,
+    "e2e.runs": E2E,
+    "e2e.stats": E2E,
+    "e2e.strategies": E2E,
+    "e2e.study": E2E,
     "eval_noise": f"{HERE}::test_eval_noise_bench_smoke",
-    "engine_sim": TABLE2,
     "flood": "tests/test_adversarial_wire.py::test_memory_stays_flat_under_a_flood_of_new_identities",
     "guard": f"{HERE}::test_a_bench_killed_mid_run_leaves_no_process",
-    "learner": f"{HERE}::test_learner_bench_publish_baseline_and_spread",
+    "output": TABLE2,
     "peer_trl": f"{HERE}::test_peer_trl_bench_smoke",
-    "pipeline": f"{HERE}::test_pipeline_bench_smoke",
-    "pipeline_timeline": f"{HERE}::test_pipeline_bench_smoke",
-    "population": SAMPLING,
-    "producer": THROUGHPUT,
-    "reference_buffer": f"{HERE}::test_pipeline_bench_smoke",
-    "reference_trace": TABLE2,
+    "pipeline.__main__": PIPELINE,
+    "pipeline.reference_buffer": PIPELINE,
+    "pipeline.study": PIPELINE,
+    "pipeline.timeline": PIPELINE,
+    "readme_results": "tests/test_readme.py::test_result_tables_are_generated_from_bench_results",
     "run_all": f"{HERE}::test_run_all_goes_on_after_failures_and_reports_them_all",
     "sampling": SAMPLING,
-    "readme_results": "tests/test_readme.py::test_result_tables_are_generated_from_bench_results",
-    "sampling_sim": SAMPLING,
+    "sim.costmodel": TABLE2,
+    "sim.engine": TABLE2,
+    "sim.population": SAMPLING,
+    "sim.run": SAMPLING,
+    "sim.trace": TABLE2,
     "soak": "tests/test_soak.py::test_soak_memory_flat_and_nothing_lost",
-    "table2": TABLE2,
-    "table2_report": TABLE2,
-    "throughput": THROUGHPUT,
+    "table2.__main__": TABLE2,
+    "table2.report": TABLE2,
+    "table2.study": TABLE2,
+    "throughput.__main__": THROUGHPUT,
+    "throughput.buffer_ingest": THROUGHPUT,
+    "throughput.learner": f"{HERE}::test_learner_bench_publish_baseline_and_spread",
+    "throughput.producer": THROUGHPUT,
+    "throughput.study": THROUGHPUT,
     "train_throughput": f"{HERE}::test_train_throughput_smoke",
     "weights": f"{HERE}::test_weights_bench_smoke",
 }
@@ -81,8 +89,14 @@ def _bench(*args: str, timeout_s: float = 600) -> guard.Outcome:
 # ---------------------------------------------------------------- the rule itself
 
 
+def _bench_modules() -> dict[str, Path]:
+    """Every module under bench/, by its dotted name below `bench` (`e2e.study`), package __init__ files left out."""
+    return {".".join(p.relative_to(ROOT / "bench").with_suffix("").parts): p
+            for p in (ROOT / "bench").rglob("*.py") if p.name != "__init__.py"}
+
+
 def test_every_bench_module_has_a_smoke_test():
-    modules = {p.stem for p in (ROOT / "bench").glob("*.py")} - {"__init__"} - NOT_YET
+    modules = set(_bench_modules()) - NOT_YET
     missing = sorted(modules - set(SMOKE))
     assert not missing, (f"bench modules without a smoke test: {missing}; add a test that runs each on tiny inputs "
                          f"and name it in SMOKE in {HERE}")
@@ -96,12 +110,22 @@ def test_every_bench_module_has_a_smoke_test():
 
 def test_every_bench_entry_point_is_guarded():
     """A bench run as a script stops everything it started however it ends (bench.guard.main)."""
-    for path in (ROOT / "bench").glob("*.py"):
+    for module, path in _bench_modules().items():
         text = path.read_text()
-        if path.stem in NOT_YET or 'if __name__ == "__main__":' not in text:
+        if module in NOT_YET or 'if __name__ == "__main__":' not in text:
             continue
         entry = text.split('if __name__ == "__main__":')[-1]
-        assert "guard.main(main)" in entry, f"{path.name}: end it with `guard.main(main)` (see bench/guard.py)"
+        assert "guard.main(main)" in entry, f"bench.{module}: end it with `guard.main(main)` (see bench/guard.py)"
+
+
+def test_every_study_package_has_one_entry_point():
+    """A study package runs as `python -m bench.NAME` (its __main__.py); bench/sim/ is a library, not a study."""
+    for package in (p.parent for p in (ROOT / "bench").glob("*/__init__.py")):
+        if package.name == "sim":
+            assert not (package / "__main__.py").exists(), "bench/sim/ is shared by studies and runs nothing itself"
+            continue
+        assert (package / "__main__.py").is_file(), f"bench/{package.name}/: add a __main__.py (python -m bench.NAME)"
+        assert (package / "study.py").is_file(), f"bench/{package.name}/: the study's code goes in study.py"
 
 
 # ---------------------------------------------------------------- fails fast, leaves nothing
@@ -195,15 +219,18 @@ def test_run_all_goes_on_after_failures_and_reports_them_all(capsys):
     assert "=== works: exit 0" in out and "2 of 3 benchmarks failed" in out
     assert "--- fails (exit 3)" in out and "--- hangs (timed out after" in out
     for name, args, _ in run_all.BENCHES:  # the real list names modules that exist, each with a main
-        assert args[0] == "-m" and callable(__import__(args[1], fromlist=["main"]).main), name
+        package = (ROOT / Path(*args[1].split("."))).is_dir()  # a study package: `-m` runs its __main__.py
+        entry = f"{args[1]}.__main__" if package else args[1]
+        assert args[0] == "-m" and callable(__import__(entry, fromlist=["main"]).main), name
 
 
 # ---------------------------------------------------------------- each bench, small
 
 
 def test_learner_bench_publish_baseline_and_spread(tmp_path):
-    """bench.learner in-process: the publish rows' baseline is memcpy into preallocated memory, with its spread."""
-    from bench import learner
+    """bench.throughput.learner in-process: the publish rows' baseline is memcpy into preallocated memory, with its
+    spread."""
+    from bench.throughput import learner
 
     out = tmp_path / "learner.md"
     assert learner.main(["--reps", "1", "--hidden", "64", "--layers", "1", "--vocab", "256", "--groups", "2",
@@ -217,9 +244,9 @@ def test_learner_bench_publish_baseline_and_spread(tmp_path):
 
 @pytest.mark.slow
 def test_throughput_smoke_runs_every_component(tmp_path):
-    """bench.throughput --smoke: bench.buffer_ingest (a buffer process), bench.producer (real vLLM engines on a
-    random tiny Llama) and bench.learner as subprocesses, and the table with each ratio's spread, its numbers also
-    in throughput.json (the README's table)."""
+    """bench.throughput --smoke: its parts as subprocesses, bench.throughput.buffer_ingest (a buffer process),
+    bench.throughput.producer (real vLLM engines on a random tiny Llama) and bench.throughput.learner, and the table
+    with each ratio's spread, its numbers also in throughput.json (the README's table)."""
     out = tmp_path / "throughput.md"
     _bench("bench.throughput", "--smoke", "--results", str(tmp_path), "--out", str(out), timeout_s=900)
     text = out.read_text()
@@ -240,8 +267,8 @@ def test_throughput_smoke_runs_every_component(tmp_path):
 
 @pytest.mark.slow
 def test_pipeline_bench_smoke(tmp_path, tiny_model_dir):
-    """bench.pipeline on the scripted engine: the round-synchronous reference arm (bench.reference_buffer's barrier
-    buffer) and max_staleness 0, 1, 2, with the timeline's table and picture."""
+    """bench.pipeline on the scripted engine: the round-synchronous reference arm (bench.pipeline.reference_buffer's
+    barrier buffer) and max_staleness 0, 1, 2, with the timeline's table and picture."""
     out = tmp_path / "pipeline.md"
     _bench("bench.pipeline", "--engines", "scripted", "--steps", "4", "--repeats", "1", "--batch", "2", "--out",
            str(out))
@@ -294,7 +321,7 @@ def test_weights_bench_smoke(tmp_path, tiny_model_dir):
 @pytest.mark.slow
 def test_e2e_bench_trains_and_evaluates_a_tiny_sweep(tmp_path, tiny_model_dir):
     """bench.e2e for real: one GRPO run of 2 steps (`reinforce-ada train`: buffer, two vLLM producers, the
-    learner), then bench.e2e_eval on 20 held-out problems, the statistics, the markdown and the plot."""
+    learner), then bench.e2e.evaluate on 20 held-out problems, the statistics, the markdown and the plot."""
     _bench("bench.e2e", "--seeds", "1", "--settings", "normal", "--steps", "2", "--eval-every", "2",
            "--strategies", "grpo", "--eval-problems", "20", "--k", "1", "--out", str(tmp_path), "--name", "smoke",
            timeout_s=900)

@@ -6,12 +6,21 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from bench.costmodel import SENSITIVITY, Constants, batch_decode_s, response_lengths
-from bench.engine_sim import Engine, Seq
-from bench.population import REWARD_CURVES, curve_at, pass_rates
-from bench.reference_trace import Trace
-from bench.sampling_sim import SimConfig, Strategy, simulate
-from bench.table2 import RULES, Table2Config, joint_band, main, out_of_sample, ratios, replay_seconds, run_reference
+from bench.sim.costmodel import SENSITIVITY, Constants, batch_decode_s, response_lengths
+from bench.sim.engine import Engine, Seq
+from bench.sim.population import REWARD_CURVES, curve_at, pass_rates
+from bench.sim.run import SimConfig, Strategy, simulate
+from bench.sim.trace import Trace
+from bench.table2.study import (
+    RULES,
+    Table2Config,
+    joint_band,
+    main,
+    out_of_sample,
+    ratios,
+    replay_seconds,
+    run_reference,
+)
 
 SMALL = Table2Config(batch_size=32, phases=(50, 450), steps_per_phase=2, gpus=4, reference_slots=1024,
                      stream_warmup=1, stream_steps=1)

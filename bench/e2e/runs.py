@@ -25,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.e2e_strategies import CONFIG, Strategy
+from bench.e2e.strategies import CONFIG, Strategy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.output import ROOT
 
 
 def build_model(path: Path, hidden: int, layers: int, vocab: int) -> Path:

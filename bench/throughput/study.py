@@ -2,9 +2,9 @@
 
 Runs, one after another as subprocesses with modest settings, the component benchmarks that each measure their own
 side-by-side ratio in the same run, then reads the numbers back from the JSON each writes under bench/results/:
-  - bench.buffer_ingest: buffer service samples/s vs raw ZeroMQ PUSH/PULL of the same frames;
-  - bench.producer: producer tokens/s vs vLLM's offline LLM.generate, and the in-place weight load time;
-  - bench.learner: learner tokens/s vs a plain transformers step, weight publish vs memcpy.
+  - bench.throughput.buffer_ingest: buffer service samples/s vs raw ZeroMQ PUSH/PULL of the same frames;
+  - bench.throughput.producer: producer tokens/s vs vLLM's offline LLM.generate, and the in-place weight load time;
+  - bench.throughput.learner: learner tokens/s vs a plain transformers step, weight publish vs memcpy.
 The producer's weight load is set against a memcpy of the same number of bytes (and a read of them from a tmpfs
 file into preallocated memory), measured here. Writes bench/results/throughput.md and the
 same numbers to throughput.json, from which the README's table is rendered (bench.readme_results).
@@ -28,20 +28,19 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import guard
+from bench import guard, output
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+ROOT = Path(__file__).resolve().parents[2]
 
 # (name, module, arguments, under --quick, under --smoke (seconds, for the test suite), the file it writes)
 BENCHES = [
-    ("buffer ingest", "bench.buffer_ingest", ["--rounds", "1000", "--repeats", "3"],
+    ("buffer ingest", "bench.throughput.buffer_ingest", ["--rounds", "1000", "--repeats", "3"],
      ["--rounds", "500", "--repeats", "1"], ["--rounds", "20", "--tokens", "16", "--repeats", "1"], "buffer_ingest"),
-    ("producer", "bench.producer", ["--prompts", "48", "--reps", "5", "--loads", "10"],
+    ("producer", "bench.throughput.producer", ["--prompts", "48", "--reps", "5", "--loads", "10"],
      ["--prompts", "24", "--reps", "3", "--loads", "5"],
      ["--prompts", "4", "--round-size", "2", "--max-new-tokens", "8", "--max-num-seqs", "8", "--reps", "1",
       "--loads", "2", "--enforce-eager"], "producer"),
-    ("learner", "bench.learner", ["--reps", "3"], ["--reps", "2"],
+    ("learner", "bench.throughput.learner", ["--reps", "3"], ["--reps", "2"],
      ["--reps", "1", "--hidden", "64", "--layers", "1", "--vocab", "256", "--groups", "2", "--big-mib", "32",
       "--publish-reps", "2"], "learner"),
 ]
@@ -132,9 +131,9 @@ def run_benches(sizing: str, results: Path, timeout: float, loads: list[float]) 
         json_name = f"{file_name}.json"
         try:
             numbers = json.loads((results / json_name).read_text())
-            if module == "bench.buffer_ingest":
+            if module == "bench.throughput.buffer_ingest":
                 rows += parse_buffer(numbers)
-            elif module == "bench.producer":
+            elif module == "bench.throughput.producer":
                 prod_rows, load = parse_producer(numbers)
                 rows += prod_rows
             else:
@@ -206,9 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer reps and smaller inputs (about 3 min)")
     ap.add_argument("--smoke", action="store_true", help="tiny inputs, one rep: checks that every part runs")
-    ap.add_argument("--results", default=str(RESULTS), help="folder for the component benches' own files")
+    ap.add_argument("--results", default=str(output.RESULTS), help="folder for the component benches' own files")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds before one benchmark is abandoned")
-    ap.add_argument("--out", default=str(RESULTS / "throughput.md"), help="the table; its numbers go beside it "
+    ap.add_argument("--out", default=str(output.RESULTS / "throughput.md"), help="the table; its numbers go beside it "
                     "as .json")
     args = ap.parse_args(argv)
     t_all = time.monotonic()
@@ -220,15 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     command = ("python -m bench.throughput " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     minutes = (time.monotonic() - t_all) / 60
     text = markdown(command, minutes, lines_run, rows, failures, load)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(text) + "\n")
     loadavg = {"samples_1min": loads, "end_15min": os.getloadavg()[2]}
-    out.with_suffix(".json").write_text(json.dumps(as_json(command, minutes, lines_run, rows, failures, load,
-                                                           loadavg), indent=1) + "\n")
+    output.write(args.out, "\n".join(text), as_json(command, minutes, lines_run, rows, failures, load, loadavg))
     print("\n".join(text))
     return 1 if failures else 0
 
-
-if __name__ == "__main__":
-    guard.main(main)

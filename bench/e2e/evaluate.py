@@ -1,6 +1,6 @@
 """Held-out accuracy of the versions a `bench.e2e` run published: one vLLM engine, weights reloaded in place.
 
-    python -m bench.e2e_eval SPEC.json OUT.json
+    python -m bench.e2e.evaluate SPEC.json OUT.json
 
 SPEC: {"config": "configs/tiny.toml", "seed": S, "runs": [{"key": ..., "overrides": [...], "versions": {"10": "FILE",
 ...}}]}.
@@ -36,7 +36,7 @@ from pipeline.models import resolve_model_path
 from pipeline.offline import sample_and_score
 from pipeline.prompts import build_prompts
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_reloading_llm(cfg, model_dir: str):
@@ -103,7 +103,7 @@ def evaluate(spec: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
-        print("usage: python -m bench.e2e_eval SPEC.json OUT.json", file=sys.stderr)
+        print("usage: python -m bench.e2e.evaluate SPEC.json OUT.json", file=sys.stderr)
         return 2
     result = evaluate(json.loads(Path(argv[0]).read_text()))
     Path(argv[1]).write_text(json.dumps(result, indent=1) + "\n")

@@ -1,8 +1,8 @@
 """Adaptive allocation at paper scale, without a model: `python -m bench.allocation [--quick]`.
 
-Every strategy drives the real `pipeline.buffer.Scheduler` through `bench.sampling_sim` (simulated vLLM engines,
+Every strategy drives the real `pipeline.buffer.Scheduler` through `bench.sim.run` (simulated vLLM engines,
 the cost model's constants, an instant learner: engine time only) on the selected population of the paper
-(`bench.population`, prompts with 1-5 of 16 correct at the start) early (step 50) and late (step 450) in
+(`bench.sim.population`, prompts with 1-5 of 16 correct at the start) early (step 50) and late (step 450) in
 training. The data set holds DATASET_BATCHES batches, so prompts come back every few steps and the allocation
 policies' per-example history matters; between two visits a prompt's pass rate drifts (a random walk of DRIFT
 on the logit scale per epoch, above the selected population's own spread growth of 1.2 logits over 600 steps),
@@ -19,13 +19,12 @@ sample at a time, without deferring anything, against GRPO's. Per step and per u
 both rewards): samples, engine time, rounds per prompt, unresolved and deferred shares, kept vs generated lengths
 (and the kept / all ratio per class over the same prompts: the length bias), the pass-rate histogram of trained
 groups against the population's, and the goals of issue #15 computed side by side from one run.
-Writes bench/results/allocation.json and allocation.md (rendered from the JSON by `bench.allocation_report`).
+Writes bench/results/allocation.json and allocation.md (rendered from the JSON by `bench.allocation.report`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -33,9 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.allocation_report import goals, render
-from bench.population import pass_rates
-from bench.sampling_sim import SimConfig, Strategy, _Sim
+from bench import output
+from bench.allocation.report import goals, render
+from bench.sim.population import pass_rates
+from bench.sim.run import SimConfig, Strategy, _Sim
 from pipeline.buffer.policy.allocation import MAX_DEFERRALS
 from pipeline.buffer.policy.exit_rules import make_exit_rule
 from pipeline.buffer.policy.posterior import outlook
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--quick", action="store_true", help="B = 64, 2 engines x 64 slots, 2 + 3 steps (seconds)")
     ap.add_argument("--only", nargs="*", default=(), help="run only these strategies (by name)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="bench/results", help="directory for allocation.json and allocation.md")
+    ap.add_argument("--out", default=str(output.RESULTS), help="directory for allocation.json and allocation.md")
     args = ap.parse_args(argv)
     cfg = AllocConfig(only=tuple(args.only))
     cfg = replace(cfg, sim=replace(cfg.sim, seed=args.seed))
@@ -208,16 +208,9 @@ def main(argv: list[str] | None = None) -> dict:
     data = run(cfg)
     data["command"] = ("python -m bench.allocation " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     dest = Path(args.out)
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "allocation.json").write_text(json.dumps(data, indent=1))
     md = render(data)
-    (dest / "allocation.md").write_text(md)
+    output.write(dest / "allocation.md", md, data)
     print(md)
     print(f"wrote {dest / 'allocation.json'} and {dest / 'allocation.md'}")
     return data
 
-
-if __name__ == "__main__":
-    from bench import guard
-
-    guard.main(main)

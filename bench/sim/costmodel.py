@@ -3,7 +3,7 @@
 Setup modelled (Reinforce-Ada, arXiv 2510.04996, Table 2): Qwen2.5-Math-1.5B on 8 H100 SXM GPUs, 512 prompts per
 step, n = 4, up to M x N = 8 x 4 samples, T = 1.0, at most 2048 new tokens, verl with vLLM and FSDP colocated.
 Each constant below is a field of `Constants` whose comment says where the number comes from; `SOURCES` repeats
-that for the results file. Nothing here is fitted to Table 2: the population (`bench.population`) is fitted to the
+that for the results file. Nothing here is fitted to Table 2: the population (`bench.sim.population`) is fitted to the
 paper's Fig. 3 and Fig. 5, every time constant is derived from public hardware and model facts or measured here.
 
 Formulas (legend: b = sequences decoding on one GPU, C = their total context tokens, N = parameters):
@@ -105,7 +105,7 @@ def batch_decode_s(lengths: np.ndarray, c: Constants) -> float:
     """Seconds for one engine to generate `lengths` when all start at once and fit its slots (a reference round).
 
     Closed form of the step model: step k runs b_k = #{L > k} sequences holding b_k * (prompt + k) context
-    tokens, plus one prefill per round of samples; `bench.engine_sim.Engine` gives the same for this case.
+    tokens, plus one prefill per round of samples; `bench.sim.engine.Engine` gives the same for this case.
     """
     if len(lengths) == 0:
         return 0.0

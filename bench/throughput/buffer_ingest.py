@@ -6,29 +6,26 @@ log-probs as extra frames) as fast as it can, and finally asks for metrics: the 
 was processed (one connection keeps order), so first send -> reply is the ingest time. The raw baseline sends
 the very same frames from a PUSH to a PULL that only receives them.
 
-    python -m bench.buffer_ingest [--rounds 2500] [--tokens 1000]
+    python -m bench.throughput.buffer_ingest [--rounds 2500] [--tokens 1000]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import shutil
 import subprocess
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import zmq
 
+from bench import output
 from pipeline import protocol as P
 from pipeline.testing.processes import buffer_command, wait_for_buffer
 from pipeline.transport import BufferClient, free_port, free_port_pair
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def _frames_for(rounds: list[P.RoundAssignment], tokens: int, seed: int = 0) -> list[list]:
@@ -122,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2500)
     parser.add_argument("--tokens", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default=str(RESULTS / "buffer_ingest.md"), help="markdown path (JSON beside it)")
+    parser.add_argument("--out", default=str(output.RESULTS / "buffer_ingest.md"), help="markdown (JSON beside it)")
     args = parser.parse_args(argv)
     samples = args.rounds * 8
     frames = _frames_for([P.RoundAssignment(i, i, "", "", 8, 1.0) for i in range(args.rounds)], args.tokens)
@@ -139,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Buffer ingest vs raw ZeroMQ",
         "",
-        f"`python -m bench.buffer_ingest --rounds {args.rounds} --tokens {args.tokens}` "
+        f"`python -m bench.throughput.buffer_ingest --rounds {args.rounds} --tokens {args.tokens}` "
         f"({samples:,} samples of {args.tokens:,} tokens, {mb:.0f} MB of arrays; median of {args.repeats})",
         "",
         "| path | samples/s | MB/s |",
@@ -153,12 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     text = "\n".join(lines)
     print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
     numbers = {"samples": samples, "tokens": args.tokens, "raw_samples_per_s": raw_rate,
                "buffer_samples_per_s": buf_rate, "ratio_spread": {"min": min(ratios), "max": max(ratios)}}
-    out.with_suffix(".json").write_text(json.dumps(numbers, indent=1) + "\n")  # read by bench.throughput
+    output.write(args.out, text, numbers)  # the JSON is read by bench.throughput
     return 0
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.costmodel import Constants, batch_decode_s, learner_s, response_lengths
+from bench.sim.costmodel import Constants, batch_decode_s, learner_s, response_lengths
 
 
 @dataclass

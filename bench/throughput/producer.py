@@ -1,6 +1,7 @@
 """Producer generation throughput vs vLLM's own offline `LLM.generate`, and the in-place weight-load time.
 
-    .venv/bin/python -m bench.producer [--model DIR] [--prompts 48] [--round-size 8] [--max-new-tokens 64] [--reps 7]
+    .venv/bin/python -m bench.throughput.producer [--model DIR] [--prompts 48] [--round-size 8] [--max-new-tokens 64]
+        [--reps 7]
 
 Throughput: the same model, prompts and sampling settings (T = 1, top_p = 1, sampled-token log-probs,
 seed per round) go through
@@ -29,11 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import guard
+from bench import guard, output
 from pipeline.offline import shutdown_llm
 from pipeline.testing.models import save_sharpened_tiny
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def describe(model_dir: str, name: str) -> str:
@@ -206,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--loads", type=int, default=10)
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "producer.md"))
+    p.add_argument("--out", default=str(output.RESULTS / "producer.md"))
     args = p.parse_args(argv)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     with tempfile.TemporaryDirectory() as tmp:
@@ -216,9 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         args.model_desc = describe(args.model, "random tiny Llama" if built else args.model)
         out = asyncio.run(bench(args))
     text, ratio = report(args, out)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    Path(args.out).with_suffix(".json").write_text(json.dumps(numbers(out), indent=1) + "\n")  # bench.throughput
+    output.write(args.out, text, numbers(out))  # the JSON is read by bench.throughput
     print(text)
     print(f"ratio producer / offline: {ratio:.2f}")
     return 0

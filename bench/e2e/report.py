@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.e2e_stats import COMPARISONS
+from bench.e2e.stats import COMPARISONS
 
 CONCLUSION_LIMITS = (
     "The intervals are over training seeds on one fixed held-out set measured with fixed sampling seeds: they say "

@@ -1,6 +1,6 @@
 """A simulated vLLM engine: continuous batching whose decode step time grows with the batch and its context.
 
-Model (constants in `bench.costmodel.Constants`): the engine runs up to `slots` sequences; every decode step gives
+Model (constants in `bench.sim.costmodel.Constants`): the engine runs up to `slots` sequences; every decode step gives
 each running sequence one token and takes t0 + t1 * b + tkv * C seconds (b running sequences, C their context
 tokens). Sequences beyond the free slots wait in FIFO order. Starting a round of samples stalls the engine for one
 prefill of its prompt (prefix caching shares it between the round's samples); a weight load stalls it for load_s
@@ -19,7 +19,7 @@ import math
 from collections import deque
 from typing import Any
 
-from bench.costmodel import Constants
+from bench.sim.costmodel import Constants
 
 
 class Seq:

@@ -3,20 +3,19 @@
 
 Reference rows: round-synchronous, colocated GRPO, Ada-pos and Ada-balance with the paper's semantics (max_staleness
 0, unresolved "keep", downsample "first", N = 4, M = 8, n = 4) on 8 GPUs that generate and then train, over the
-selected population at six phases of a 600-step run (`bench.population`), every constant stated in
-`bench.costmodel`. The paper: GRPO 102 s, Ada-pos 228 s (2.2x), Ada-balance 290 s (2.8x) per update.
+selected population at six phases of a 600-step run (`bench.sim.population`), every constant stated in
+`bench.sim.costmodel`. The paper: GRPO 102 s, Ada-pos 228 s (2.2x), Ada-balance 290 s (2.8x) per update.
 Then: a check of the population against the paper's Fig. 5, the sensitivity of both ratios to each constant
 (+-50%, by replaying the reference runs' traces), what it would take to match the paper's absolute seconds, and the
 streaming rows: GRPO, Ada-pos and Ada-balance, each with unresolved "keep" and "drop", on 4+4 and 6+2 splits of the
 8 GPUs (weight sync included), per step and per useful group (a group holding both rewards) relative to
 round-synchronous GRPO and to streaming GRPO (fixed + keep) on the same split.
-Writes bench/results/table2.json and table2.md (rendered from the JSON by `bench.table2_report`).
+Writes bench/results/table2.json and table2.md (rendered from the JSON by `bench.table2.report`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -24,11 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.costmodel import SENSITIVITY, SOURCES, Constants, derived
-from bench.population import FIG5_EXTRA, FIG5_UNRESOLVED, TABLE2_STEPS, curve_at, pass_rates
-from bench.reference_trace import Trace
-from bench.sampling_sim import SimConfig, Strategy, simulate
-from bench.table2_report import render
+from bench import output
+from bench.sim.costmodel import SENSITIVITY, SOURCES, Constants, derived
+from bench.sim.population import FIG5_EXTRA, FIG5_UNRESOLVED, TABLE2_STEPS, curve_at, pass_rates
+from bench.sim.run import SimConfig, Strategy, simulate
+from bench.sim.trace import Trace
+from bench.table2.report import render
 from pipeline.config import SamplingConfig
 
 RULES = ("fixed", "pos", "balance")
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="B = 64, two phases, one step each (seconds; for tests)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="bench/results", help="directory for table2.json and table2.md")
+    ap.add_argument("--out", default=str(output.RESULTS), help="directory for table2.json and table2.md")
     args = ap.parse_args(argv)
     cfg = Table2Config(seed=args.seed)
     if args.quick:
@@ -291,17 +291,10 @@ def main(argv: list[str] | None = None) -> dict:
     data = run(cfg, Constants())
     data["command"] = ("python -m bench.table2 " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     dest = Path(args.out)
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "table2.json").write_text(json.dumps(data, indent=1))
     md = render(data)
-    (dest / "table2.md").write_text(md)
+    output.write(dest / "table2.md", md, data)
     print(md)
     print(f"ratios to GRPO: Ada-pos {data['ratios']['pos']:.2f}x (paper 2.2x), Ada-balance "
           f"{data['ratios']['balance']:.2f}x (paper 2.8x); wrote {dest / 'table2.json'} and {dest / 'table2.md'}")
     return data
 
-
-if __name__ == "__main__":
-    from bench import guard
-
-    guard.main(main)

@@ -1,12 +1,13 @@
-"""The simulation behind `bench.sampling` and `bench.table2`: simulated engines and learner, the real `Scheduler`.
+"""Simulated engines and learner around the real `Scheduler`: the run behind `bench.sampling`, `bench.allocation`
+and `bench.table2`.
 
 Every strategy runs the project's `pipeline.buffer.Scheduler` through its public methods (`request_work`,
 `submit_result`, `set_learner_version`, `take_batch`, `metrics`); only the engines, the verifier and the learner
 are simulated, in simulated time (events, never sleeps).
 - Prompts: each has a pass rate p; a sample's reward is Bernoulli(p) and its length follows
-  `bench.costmodel.response_length` (longer when wrong and when the prompt is hard). Draws happen when a round is
+  `bench.sim.costmodel.response_length` (longer when wrong and when the prompt is hard). Draws happen when a round is
   assigned, in assignment order, so a barrier run sees the same samples whatever the time constants.
-- Engines: `bench.engine_sim.Engine`, one per GPU (continuous batching, step time growing with batch and context).
+- Engines: `bench.sim.engine.Engine`, one per GPU (continuous batching, step time growing with batch and context).
 - Round-synchronous (the reference, GRPO included; max_staleness = 0): every round is a barrier across the batch;
   a round's samples are split into contiguous chunks over the engines, as verl splits a batch over its DP ranks.
   With a learner (learner_gpus > 0) the same GPUs then train (colocated): each round also pays
@@ -31,9 +32,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.costmodel import Constants, learner_s, response_lengths
-from bench.engine_sim import Engine, Seq
-from bench.reference_trace import Trace
+from bench.sim.costmodel import Constants, learner_s, response_lengths
+from bench.sim.engine import Engine, Seq
+from bench.sim.trace import Trace
 from pipeline.buffer import Scheduler
 from pipeline.config import BufferConfig, SamplingConfig
 from pipeline.protocol import Sample
@@ -404,7 +405,7 @@ class _Sim:
 
 def simulate(strategy: Strategy, pass_rates: np.ndarray, cfg: SimConfig, trace: Trace | None = None) -> dict:
     """Run one strategy for cfg.warmup_steps (streaming only) + cfg.num_steps learner steps; per-step metrics.
-    A round-sync run also records what it did into `trace` when one is given (see `bench.reference_trace`)."""
+    A round-sync run also records what it did into `trace` when one is given (see `bench.sim.trace`)."""
     if trace is not None and strategy.streaming:
         raise ValueError("only a round-sync run has a trace to replay; pass trace=None for streaming")
     return _Sim(strategy, pass_rates, cfg, trace).run()

@@ -19,13 +19,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.e2e_strategies import CONFIG
+from bench.e2e.strategies import CONFIG
 from pipeline.config import load_config
 from pipeline.data import make_arithmetic, normalize_problem
 from pipeline.models import TINY_DIR
 from pipeline.prompts import load_examples
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "e2e"
 POOL_SEED = 7_000_003  # the hard set's pool: neither a training draw (run.seed + 1) nor the pipeline's held-out one
 HELD_OUT_SEED = 9_000_011  # the sweep's held-out set (training problems of every run left out)

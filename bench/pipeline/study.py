@@ -31,12 +31,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import pipeline_timeline as tl
+from bench.output import RESULTS, ROOT
+from bench.pipeline import timeline as tl
 from pipeline.testing.processes import buffer_command, scripted_command, start
 from pipeline.transport import free_port_pair
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).parent / "results"
 WARMUP = 2  # steps left out (engine/learner start-up)
 TOKENS = 24  # completion tokens of a scripted sample (the buffer's sampling.max_new_tokens bounds them)
 ARMS = ("reference", 0, 1, 2)
@@ -64,7 +63,7 @@ def _buffer(args, engine: str, run_dir: Path, port: int, arm, model_dir: str) ->
                          "--run.name", "bench", "--weights.dir", str(run_dir / "weights"), batch=args.batch,
                          model=model_dir if engine == "vllm" else "unused")
     if arm == "reference":  # the same arguments, the barrier scheduler
-        cmd = [sys.executable, "-m", "bench.reference_buffer", *cmd[4:]]
+        cmd = [sys.executable, "-m", "bench.pipeline.reference_buffer", *cmd[4:]]
     return start(cmd, run_dir / "buffer.log")
 
 

@@ -1,5 +1,5 @@
 """End-to-end learning on the tiny model: GRPO vs Reinforce-Ada-pos vs Reinforce-Ada-balance (and any strategy of
-`bench.e2e_strategies`), several seeds, a normal and a hard setting, each run a real `reinforce-ada train`.
+`bench.e2e.strategies`), several seeds, a normal and a hard setting, each run a real `reinforce-ada train`.
 
     python -m bench.e2e --seeds 3                  the full sweep (both settings; prints its expected duration)
     python -m bench.e2e --quick                    what `make bench` runs: 1 seed, the normal setting, 20 steps
@@ -7,10 +7,10 @@
     python -m bench.e2e --render bench/results/e2e.json    the markdown and plot again, from the JSON
 
 Per (setting, seed) every strategy trains in turn with the same seed (run.seed: data order, engines, learner; the
-tiny model is always the one built with seed 0), then one evaluation process (`bench.e2e_eval`) scores every
+tiny model is always the one built with seed 0), then one evaluation process (`bench.e2e.evaluate`) scores every
 evaluated version of every strategy on the same held-out problems (>= 1,000 two-digit problems by default, none of
 them a training problem). Writes bench/results/NAME.json (everything, the summary included), NAME.md (rendered
-from the JSON by `bench.e2e_report`) and NAME.png; NAME is `e2e`, or `e2e_quick` with --quick. The JSON is
+from the JSON by `bench.e2e.report`) and NAME.png; NAME is `e2e`, or `e2e_quick` with --quick. The JSON is
 rewritten after every (setting, seed), so an interrupted sweep keeps what it finished.
 """
 
@@ -26,14 +26,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.e2e_data import HardSpec, hard_files, hard_prompts, held_out_check, held_out_file, shown
-from bench.e2e_report import plot, render
-from bench.e2e_runs import attach_evals, eval_versions, run_training
-from bench.e2e_stats import paired_se, summarise
-from bench.e2e_strategies import BASELINE, CONFIG, DEFAULT_STRATEGIES, SETTINGS, parse_strategy, pick_strategies
+from bench import output
+from bench.e2e.data import HardSpec, hard_files, hard_prompts, held_out_check, held_out_file, shown
+from bench.e2e.report import plot, render
+from bench.e2e.runs import attach_evals, eval_versions, run_training
+from bench.e2e.stats import paired_se, summarise
+from bench.e2e.strategies import BASELINE, CONFIG, DEFAULT_STRATEGIES, SETTINGS, parse_strategy, pick_strategies
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+ROOT = Path(__file__).resolve().parents[2]
 # measured on the 2-core machine, shared (the validation sweep of bench/results/e2e*.md): start-up and shutdown of
 # one `train` run, the evaluation engine's start, one evaluation of 1,000 problems x k = 4, the hard set's selection
 STARTUP_S, EVAL_ENGINE_S, EVAL_S_PER_1000, SELECT_S = 60.0, 25.0, 5.0, 90.0
@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=None,
                     help="default: normal hard (--quick: normal)")
     ap.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
-                    help=f"comma-separated rows of bench/e2e_strategies.py (the baseline {BASELINE} is always run)")
+                    help=f"comma-separated rows of bench/e2e/strategies.py (the baseline {BASELINE} is always run)")
     ap.add_argument("--strategy", action="append", default=[], metavar="NAME=OVERRIDES",
                     help="one more strategy, e.g. 'ada-alloc=--sampling.exit_rule balance --sampling.allocation X'")
     ap.add_argument("--eval-problems", type=int, default=1000, help="held-out two-digit problems (default 1000)")
@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--render", metavar="JSON", help="only redo the summary, markdown and plot of a results JSON")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before one training run is abandoned")
     ap.add_argument("--run-dir", default="", help="keep the runs here (default: a temporary folder, removed)")
-    ap.add_argument("--out", default=str(RESULTS), help="folder for NAME.json, NAME.md and NAME.png")
+    ap.add_argument("--out", default=str(output.RESULTS), help="folder for NAME.json, NAME.md and NAME.png")
     ap.add_argument("--name", default=None, help="output name (default e2e; --quick: e2e_quick)")
     args = ap.parse_args(argv)
     if args.quick:
@@ -122,14 +122,14 @@ def prepare(args, spec: HardSpec, seeds: list[int]) -> tuple[dict, dict, list[st
 
 
 def evaluate_batch(run_dir: Path, runs: list[dict], overrides: dict[str, list[str]], seed: int) -> None:
-    """Score every evaluated version of `runs` (one setting and seed) in one `bench.e2e_eval` process."""
+    """Score every evaluated version of `runs` (one setting and seed) in one `bench.e2e.evaluate` process."""
     spec = {"config": CONFIG, "seed": seed, "runs": [{"key": r["key"], "overrides": overrides[r["key"]],
                                         "versions": {str(v): f for v, f in r["weights"].items()}} for r in runs]}
     tag = runs[0]["key"].replace("/", "-")
     spec_path, out_path, log_path = (run_dir / f"eval-{tag}.{x}" for x in ("spec.json", "json", "out"))
     spec_path.write_text(json.dumps(spec, indent=1))
     with log_path.open("w") as log:
-        code = subprocess.call([sys.executable, "-m", "bench.e2e_eval", str(spec_path), str(out_path)], cwd=ROOT,
+        code = subprocess.call([sys.executable, "-m", "bench.e2e.evaluate", str(spec_path), str(out_path)], cwd=ROOT,
                                stdout=log, stderr=subprocess.STDOUT)
     if code != 0:
         tail = "\n".join(log_path.read_text().splitlines()[-15:])
@@ -175,11 +175,9 @@ def run_seed(args, run_dir: Path, setting: str, setting_overrides: list[str], se
 
 
 def write_outputs(data: dict, out: Path, name: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
     data["summary"] = summarise(data["runs"], BASELINE)
     data["plot"] = f"{name}.png"
-    (out / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
-    (out / f"{name}.md").write_text(render(data))
+    output.write(out / f"{name}.md", render(data), data)
     plot(data, out / f"{name}.png")
 
 
@@ -226,8 +224,3 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(run_dir, ignore_errors=True)
     return 0 if data["runs"] and all(r["code"] == 0 for r in data["runs"]) else 1
 
-
-if __name__ == "__main__":
-    from bench import guard
-
-    guard.main(main)
