@@ -3,8 +3,9 @@
 Each one measures its ratios side by side in the same run; this only sequences them. A bench that fails or runs
 past its time limit is stopped with every process it started (`bench.guard.run`), and the next one runs; the end
 lists every failure with its last lines, and the exit code is 1 if any failed. The whole set is sized for 2 CPU
-cores and under 20 minutes: the end-to-end bench runs its short form here (`--quick`: one seed, the normal
-setting, 20 steps; bench/results/e2e_quick.*); the 3-seed sweep with the hard setting is its own command,
+cores and about 25 minutes (25.1 on a fresh clone, install included): the end-to-end bench runs its short form
+here (`--quick`: one seed, the normal setting, 20 steps; bench/results/e2e_quick.*); the 3-seed sweep with the hard
+setting is its own command,
 `python -m bench.e2e --seeds 3` (about an hour; see bench/results/e2e.md).
 
     python -m bench.run_all [--only NAME ...] [--timeout-factor 1.0]
