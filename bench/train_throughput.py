@@ -33,8 +33,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+from bench.output import RESULTS, ROOT, write
+
 OFFLINE = """
 import json, os, sys, time
 from vllm import LLM, SamplingParams
@@ -223,11 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                          for n in counts]
                + [train(untrained, data, runs, 1, args.steps, args.max_new_tokens, *grpo, *eager, pinned=pinned)],
                "first_step": [] if trained is None else [train(trained, data, runs, n, 3, 48) for n in counts]}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
     text = render(res)
-    out.with_suffix(".md").write_text(text)
+    write(Path(args.out).with_suffix(".md"), text, res, indent=2)
     print(text)
     return 0
 

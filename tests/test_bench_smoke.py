@@ -282,6 +282,20 @@ def test_pipeline_bench_smoke(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
+def test_pipeline_bench_vllm_smoke(tmp_path, tiny_model_dir):
+    """bench.pipeline's vLLM path, small: real `reinforce-ada producer` engines with --timeline, the reference and
+    on-policy arms, their timeline (weight loads included) and CPU share, and the vLLM picture."""
+    out = tmp_path / "pipeline.md"
+    _bench("bench.pipeline", "--engines", "vllm", "--vllm-steps", "4", "--vllm-repeats", "1", "--batch", "2",
+           "--arms", "reference,0", "--out", str(out), timeout_s=900)
+    data = json.loads(out.with_suffix(".json").read_text())["engines"]["vllm"]["arms"]
+    assert set(data) == {"reference", "0"} and data["0"]["staleness_seen"] == 0
+    timeline = data["0"]["timeline"][0]
+    assert timeline["weight_load_s_median"] is not None and 0 < timeline["cpu_share"] <= 1.05
+    assert "--arms reference,0" in out.read_text() and out.with_name("pipeline_vllm.png").stat().st_size > 0
+
+
+@pytest.mark.slow
 def test_peer_trl_bench_smoke(tmp_path, tiny_model_dir):
     """bench.peer_trl for real, small: TRL's GRPOTrainer (transformers generation, the fallback: the vLLM one is
     the full bench's) and this project's GRPO, two steps each on the tiny model, evaluated by one vLLM engine,

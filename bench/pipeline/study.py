@@ -12,7 +12,7 @@ the tiny model, configs/tiny.toml's engine settings). Arms are interleaved over 
 reference's s/step over the arm's within a repeat, given as the median and the min-max over repeats. Each step's
 time is the interval between the learner's step ends; the first WARMUP steps are left out.
 
-The timeline (bench/pipeline_timeline.py; both engines, the vLLM producers' from `producer --timeline`): each
+The timeline (bench/pipeline/timeline.py; both engines, the vLLM producers' from `producer --timeline`): each
 producer's busy and idle time, the learner's wait, train and publish, the hand-off of new weights (and a vLLM
 producer's weight loads) and the tail of each batch; the pictures go next to the table (--out with .png, and
 _vllm.png), from the last repeat.
@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.output import RESULTS, ROOT
+from bench.output import RESULTS, ROOT, write
 from bench.pipeline import timeline as tl
 from pipeline.testing.processes import buffer_command, scripted_command, start
 from pipeline.transport import free_port_pair
@@ -155,16 +155,16 @@ def _repeats(args, engine: str) -> int:
 
 def measure(args, engine: str, model_dir: str) -> dict:
     """Every arm on `engine`, interleaved over the repeats; the per-arm numbers and ratios to the reference."""
-    runs: dict = {arm: [] for arm in ARMS}
+    runs: dict = {arm: [] for arm in args.arms}
     repeats = _repeats(args, engine)
     for rep in range(repeats):
-        for arm in ARMS:
+        for arm in args.arms:
             r = run_arm(args, engine, model_dir, arm)
             print(f"{engine} repeat {rep + 1}/{repeats} {_name(arm)}: {r['s_per_step']:.3f} s/step", flush=True)
             runs[arm].append(r)
     ref = [r["s_per_step"] for r in runs["reference"]]
     arms = {}
-    for arm in ARMS:
+    for arm in args.arms:
         sec = [r["s_per_step"] for r in runs[arm]]
         arms[str(arm)] = {"s_per_step": _spread(sec), "steps_per_s": _spread([1 / s for s in sec]),
                           "x_reference": _spread([a / b for a, b in zip(ref, sec)]),
@@ -173,14 +173,15 @@ def measure(args, engine: str, model_dir: str) -> dict:
                           "runs_s_per_step": sec,
                           "timeline": [r["timeline"] for r in runs[arm] if "timeline" in r]}
     return {"steps": _steps(args, engine), "repeats": repeats, "arms": arms,
-            "raw": {str(arm): runs[arm][-1].get("raw") for arm in ARMS}}
+            "raw": {str(arm): runs[arm][-1].get("raw") for arm in args.arms}}
 
 
 def report(args, results: dict) -> str:
     engines = ",".join(results)
     cmd = (f"python -m bench.pipeline --engines {engines} --steps {args.steps} --repeats {args.repeats} "
            f"--vllm-steps {args.vllm_steps} --vllm-repeats {args.vllm_repeats} --batch {args.batch} "
-           f"--round-seconds {args.round_seconds} --max-rounds {args.max_rounds}")
+           f"--round-seconds {args.round_seconds} --max-rounds {args.max_rounds}"
+           + ("" if tuple(args.arms) == ARMS else f" --arms {','.join(map(str, args.arms))}"))
     lines = ["# Pipeline against the round-synchronous reference", "", f"`{cmd}`", "",
              f"{args.producers} producers, the real buffer, the real learner on the tiny model, {args.batch} groups "
              f"per step, the reference's semantics in every arm; each run's median over its steps after {WARMUP} "
@@ -192,7 +193,7 @@ def report(args, results: dict) -> str:
         lines += ["", f"## {what}; {data['steps']} steps x {data['repeats']} repeats", "",
                   "| arm | s/step | steps/s | x reference steps/s | goal | samples/group | staleness seen |",
                   "|---|---:|---:|---:|---|---:|---:|"]
-        for arm in ARMS:
+        for arm in args.arms:
             a = data["arms"][str(arm)]
             sp, x = a["s_per_step"], a["x_reference"]
             goal = GOALS.get(arm)
@@ -200,15 +201,15 @@ def report(args, results: dict) -> str:
             lines.append(f"| {_name(arm)} | {sp['median']:.3f} ({sp['min']:.3f}-{sp['max']:.3f}) | "
                          f"{a['steps_per_s']['median']:.2f} | {x['median']:.2f} ({x['min']:.2f}-{x['max']:.2f}) | "
                          f"{met} | {a['samples_per_group']['median']:.1f} | {a['staleness_seen']:.0f} |")
-        if not all(data["arms"][str(a)]["timeline"] for a in ARMS):
+        if not all(data["arms"][str(a)]["timeline"] for a in args.arms):
             continue
-        lines += ["", "Timeline (bench/pipeline_timeline.py; per measured step, medians over repeats; busy, slots "
+        lines += ["", "Timeline (bench/pipeline/timeline.py; per measured step, medians over repeats; busy, slots "
                   "used and CPU as shares; CPU share = the CPU time of the arm's own processes over the window, "
                   f"as a share of the {os.cpu_count()} cores):", "",
                   "| arm | learner wait s | of it the tail s | train s | publish s | weights hand-off s | "
                   "of it the weight load s | producers busy | round slots used | CPU share |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for arm in ARMS:
+        for arm in args.arms:
             t = data["arms"][str(arm)]["timeline"]
             med = lambda f, t=t: statistics.median(f(x) for x in t)  # noqa: E731
             lines.append(
@@ -242,9 +243,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--producers", type=int, default=2)
     parser.add_argument("--round-seconds", type=float, default=0.05, help="scripted engine time per assignment")
     parser.add_argument("--max-rounds", type=int, default=8, help="rounds a scripted producer runs at once")
+    parser.add_argument("--arms", default="reference,0,1,2",
+                        help="comma-separated arms (reference, and max_staleness values); the reference goes first")
     parser.add_argument("--out", default=str(RESULTS / "pipeline.md"), help="the table; .json and .png beside it")
     args = parser.parse_args(argv)
     engines = args.engines.split(",")
+    names = args.arms.split(",")
+    args.arms = [a if a == "reference" else int(a) for a in names if a == "reference" or a.isdigit()]
+    if len(args.arms) != len(names) or args.arms[0] != "reference":
+        raise SystemExit("--arms: the reference first (every ratio is to it), then max_staleness values, e.g. "
+                         "reference,0,1")
     if not set(engines) <= {"scripted", "vllm"} or not engines:
         raise SystemExit(f"--engines: scripted and/or vllm, got {args.engines!r}")
     if min(_steps(args, e) for e in engines) <= WARMUP + 1:
@@ -257,18 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     raw = {e: data.pop("raw") for e, data in results.items()}
     text = report(args, results)
     print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "engines": results}, indent=1) + "\n")
+    out = write(args.out, text, {"args": vars(args), "engines": results})
     for engine, runs in raw.items():  # the producers' timelines (--timeline) as a picture per engine
-        if all(runs[str(a)] for a in ARMS):
+        if all(runs[str(a)] for a in args.arms):
             name = out.with_suffix(".png") if engine == "scripted" else out.with_name(f"{out.stem}_{engine}.png")
-            tl.plot({_name(a): runs[str(a)] for a in ARMS}, WARMUP, _slots(args, engine), name)
+            tl.plot({_name(a): runs[str(a)] for a in args.arms}, WARMUP, _slots(args, engine), name)
     return 0
-
-
-if __name__ == "__main__":
-    from bench import guard
-
-    guard.main(main)

@@ -1,7 +1,8 @@
 """Learner throughput vs a plain transformers training step, and weight-publish time vs memcpy.
 
-    .venv/bin/python -m bench.learner [--reps 5] [--hidden 256] [--layers 2] [--vocab 4096] [--groups 8]
-    .venv/bin/python -m bench.learner --model smollm2 --groups 2 --threads 2 --out bench/results/learner_smollm2.md
+    .venv/bin/python -m bench.throughput.learner [--reps 5] [--hidden 256] [--layers 2] [--vocab 4096] [--groups 8]
+    .venv/bin/python -m bench.throughput.learner --model smollm2 --groups 2 --reps 3 --big-mib 32 --publish-reps 3 \
+        --out bench/results/learner_smollm2.md
 
 Throughput: the same random Llama and the same batch of groups go through
   - `Learner.train_step` (one mini-batch, one optimizer step; batching, PPO loss, stats included), and
@@ -23,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.output import ROOT
+from bench.output import RESULTS, write
 
 
 def build_model(path: Path, hidden: int, layers: int, vocab: int) -> Path:
@@ -178,7 +179,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU time is then a clean measure)")
     ap.add_argument("--big-mib", type=int, default=512, help="size of the synthetic bf16 set for the publish rows")
     ap.add_argument("--publish-reps", type=int, default=7, help="timed publish / memcpy reps per tensor set")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "learner.md"))
+    ap.add_argument("--out", default=str(RESULTS / "learner.md"))
     args = ap.parse_args(argv)
     import torch
 
@@ -241,16 +242,13 @@ def main(argv=None) -> int:
               "seen on this machine), so no ratio is taken to it. safetensors writes straight from the tensors",
               "(no serialisation copy)."]
     text = "\n".join(lines) + "\n"
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
     reps = r["wall_reps"]
     best_rep = [min(a, b) for a, b in zip(reps["plain_masked"], reps["plain_nomask"])]
     runners = {name: {"tokens_per_s": r["tokens"] / w[name], "wall_s": w[name], "ratio_wall": best_w / w[name],
                       "cpu_s": c[name], "ratio_cpu": best_c / c[name],
                       "ratio_wall_spread": spread([b / t for b, t in zip(best_rep, reps[name])])} for name in w}
     publish = {"bench model fp32": pub_model, "synthetic bf16": pub_big}
-    Path(args.out).with_suffix(".json").write_text(  # read by bench.throughput
-        json.dumps({"tokens": r["tokens"], "runners": runners, "publish": publish}, indent=1) + "\n")
+    write(args.out, text, {"tokens": r["tokens"], "runners": runners, "publish": publish})  # read by bench.throughput
     print(text)
     print(f"ratio learner / plain = {best_w / w['learner']:.2f} (wall), {best_c / c['learner']:.2f} (CPU time)")
     return 0
