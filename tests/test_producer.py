@@ -127,7 +127,7 @@ def test_worker_requests_generates_scores_and_stops():
         assert [s.reward for s in res[1].samples] == [1.0, 0.0] and res[2].prompt_id == 20
         assert (res[1].kind, res[2].kind) == ("train", "eval")  # the kind is echoed
         # every sample is scored with its round's extras (data.extra_keys: reward.fn's keyword arguments)
-        assert sorted(map(str, prod.pool.extras)) == ["{'tests': ['assert 1']}"] * 2 + ["{}"] * 2
+        assert sorted(map(str, prod.scorer.extras)) == ["{'tests': ['assert 1']}"] * 2 + ["{}"] * 2
         assert all(s.version == 0 and s.token_ids.dtype == np.int32 for s in res[1].samples)
         # at most one request outstanding: nothing new was asked before the reply; the next one counts the
         # two rounds started by the reply (4 slots - 2)

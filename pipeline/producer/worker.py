@@ -2,7 +2,7 @@
 
 One asyncio loop runs everything: the vLLM engine's output handler, the request loop (at most ONE WorkRequest
 outstanding, for up to producers.max_rounds rounds and the engine's free samples), one task per round
-(generate -> score in the reward pool's processes -> send), the control channel (weights, aborts, shutdown),
+(generate -> score in the reward workers (the scorer) -> send), the control channel (weights, aborts, shutdown),
 the flusher and a 1 s heartbeat. Nothing blocking runs on the loop: scoring happens in worker processes (or a
 thread).
 
@@ -60,10 +60,10 @@ RETRY_S = 2.0  # a failed weight load is tried again after this long (unless new
 class Producer:
     """The producer's state and loops; `run_producer` builds one and runs it."""
 
-    def __init__(self, cfg: Config, client: BufferLink, engine: RoundEngine, pool: Scorer, producer_id: str,
+    def __init__(self, cfg: Config, client: BufferLink, engine: RoundEngine, scorer: Scorer, producer_id: str,
                  grace_s: float = 10.0, request_timeout_s: float = 5.0, heartbeat_s: float = 1.0,
                  timeline: bool = False) -> None:
-        self.cfg, self.client, self.engine, self.pool = cfg, client, engine, pool
+        self.cfg, self.client, self.engine, self.scorer = cfg, client, engine, scorer
         self.id = producer_id
         self.grace_s, self.request_timeout_s, self.heartbeat_s = grace_s, request_timeout_s, heartbeat_s
         self.exit_code = 0
@@ -289,10 +289,10 @@ class Producer:
     async def _score(self, completions: list[str], a: P.RoundAssignment) -> list[float]:
         """reward.fn of each completion against the round's answer and extras (data.extra_keys)."""
         answers, extras = [a.answer] * len(completions), [a.extras] * len(completions)
-        if self.pool.num_workers > 0:
-            return await self.pool.ascore(completions, answers, extras)
+        if self.scorer.num_workers > 0:
+            return await self.scorer.ascore(completions, answers, extras)
         # inline scoring would block the loop: run it in a thread (the reward then uses its own process)
-        return await asyncio.get_running_loop().run_in_executor(None, self.pool.score, completions, answers, extras)
+        return await asyncio.get_running_loop().run_in_executor(None, self.scorer.score, completions, answers, extras)
 
     # ---- control channel ----
 
@@ -388,7 +388,7 @@ class Producer:
         stats = self.stats.snapshot(
             running_rounds=len(self._rounds), live_samples=self.engine.live_samples,
             weight_version=self.engine.version, last_weight_load_s=self.engine.last_load_seconds,
-            learner_version=self.learner_version, final=float(final), **self.pool.metrics())
+            learner_version=self.learner_version, final=float(final), **self.scorer.metrics())
         await self.client.send(P.Heartbeat(self.id, "producer", self.engine.version, stats))
 
     # ---- shutdown ----
@@ -437,7 +437,7 @@ async def run_producer(cfg: Config, router_url: str, control_url: str, producer_
             loop.add_signal_handler(sig, stopped.append, sig.name)
         except (NotImplementedError, RuntimeError, ValueError):
             pass
-    pool = RewardPool.from_config(cfg)  # reward.fn, with data.extra_keys as its keyword arguments
+    scorer = RewardPool.from_config(cfg)  # reward.fn, with data.extra_keys as its keyword arguments
     engine = None
     client = AsyncBufferClient(router_url, control_url, producer_id, keys_dir=cfg.endpoints.keys_dir)
     try:
@@ -445,7 +445,7 @@ async def run_producer(cfg: Config, router_url: str, control_url: str, producer_
         if stopped:
             log.info("producer %s stopping before its first request: %s", producer_id, stopped[0])
             return 0
-        producer = Producer(cfg, client, engine, pool, producer_id, grace_s, request_timeout_s,
+        producer = Producer(cfg, client, engine, scorer, producer_id, grace_s, request_timeout_s,
                             timeline=bool(timeline))
         log.info("producer %s ready (model %s, buffer %s)", producer_id, model_path, router_url)
         try:
@@ -457,4 +457,4 @@ async def run_producer(cfg: Config, router_url: str, control_url: str, producer_
         client.close()  # lingers up to 1 s so the last results and heartbeat go out
         if engine is not None:
             await engine.shutdown()
-        pool.close()
+        scorer.close()
