@@ -17,7 +17,7 @@ Where things are (every module; tests/test_layout.py holds this list complete):
 """
 
 from pipeline.buffer.policy import (
-    DOWNSAMPLE_POLICIES,
+    DOWNSAMPLE_ORDERS,
     EXIT_RULES,
     MIN_STD,
     ExitRule,
@@ -36,7 +36,7 @@ from pipeline.buffer.state import InFlight, PoolSample, PromptState, RoundIds
 
 __all__ = [
     "AdaptiveSampler",
-    "DOWNSAMPLE_POLICIES",
+    "DOWNSAMPLE_ORDERS",
     "EXIT_RULES",
     "MIN_STD",
     "ExitRule",

@@ -32,13 +32,13 @@ from pipeline.buffer.policy.allocation import (
     make_allocation,
 )
 from pipeline.buffer.policy.build import build, config_errors
-from pipeline.buffer.policy.downsample import DOWNSAMPLE_POLICIES, downsample
+from pipeline.buffer.policy.downsample import DOWNSAMPLE_ORDERS, downsample
 from pipeline.buffer.policy.exit_rules import EXIT_RULES, ExitRule, exit_reached, exit_rule_choices, make_exit_rule
 
 __all__ = [
     "ALLOCATIONS",
     "DEFAULT_WASTE",
-    "DOWNSAMPLE_POLICIES",
+    "DOWNSAMPLE_ORDERS",
     "EXIT_RULES",
     "MAX_DEFERRALS",
     "MAX_ROUNDS_FACTOR",
