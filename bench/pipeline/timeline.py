@@ -142,7 +142,7 @@ def summarize(rows: list[dict], producers: dict[str, list[dict]], warmup: int, m
                 handoff.append(min(first) - r["time"])
     return {
         "window_s": window, "steps": steps,
-        "producer_busy_share": {p: _length(s) / window for p, s in busy.items()},
+        "producer_busy_share": {p: _length(_union(s)) / window for p, s in busy.items()},  # assignments overlap
         "learner_share": {k: _length(v) / window for k, v in learner.items()},
         "per_step_s": {"wait": _length(learner["wait"]) / steps, "train": _length(learner["train"]) / steps,
                        "publish": _length(learner["publish"]) / steps, "tail": _length(tail) / steps},
