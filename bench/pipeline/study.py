@@ -3,7 +3,7 @@
 Every arm runs the same real processes: the buffer, two producers and the real learner (the tiny model, torch, one
 thread), with the reference's semantics (the paper config's: whole-round exit check, unresolved prompts trained,
 the first samples of each class kept, M = 8, N = 4, n = 4, balance):
-- reference: the official loop (bench/reference_buffer.py): one generate call per round over every active prompt
+- reference: the official loop (./reference_buffer.py): one generate call per round over every active prompt
   of the batch, a barrier, up to N rounds, downsample, train, load the weights, next batch;
 - max_staleness 0, 1, 2: the streaming buffer (each prompt's rounds on their own; 0 = on-policy).
 Engines (`--engines`, each its own table): scripted (pipeline/testing/scripted.py: an assignment of up to

@@ -391,7 +391,7 @@ class Scheduler:
     @property
     def _rounds(self) -> dict[int, int]:
         """Training round id out -> its prompt id, in issue order: a view derived from the book of leases (a copy;
-        subclasses read it, e.g. bench/reference_buffer.py's barrier scheduler)."""
+        subclasses read it, e.g. bench/pipeline/reference_buffer.py's barrier scheduler)."""
         return {round_id: lease.prompt_id for round_id, lease in self.leases.train()}
 
     def in_flight(self, round_id: int) -> bool:
