@@ -294,6 +294,7 @@ def test_pipeline_bench_vllm_smoke(tmp_path, tiny_model_dir):
     assert timeline["weight_load_s_median"] is not None and 0 < timeline["cpu_share"] <= 1.05
     # a vLLM producer's assignments overlap: busy is the union of their spans, a share of the window
     assert all(0 < v <= 1 for v in timeline["producer_busy_share"].values()), timeline["producer_busy_share"]
+    assert {"learner", "producer"} <= {k.split("/")[0] for k in timeline["cpu_share_by_role"]}
     assert "--arms reference,0" in out.read_text() and out.with_name("pipeline_vllm.png").stat().st_size > 0
 
 

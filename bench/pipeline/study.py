@@ -218,7 +218,17 @@ def report(args, results: dict) -> str:
                 f"{med(lambda x: x['per_step_s']['publish']):.3f} | {med(lambda x: x['handoff_s_median']):.3f} | "
                 f"{_load_cell(t)} | {med(lambda x: statistics.mean(x['producer_busy_share'].values())):.2f} | "
                 f"{med(lambda x: x['slots_used']):.2f} | {_cpu_cell(t)} |")
+        roles = {arm: _roles(data["arms"][str(arm)]["timeline"]) for arm in args.arms}
+        if any(roles.values()):
+            lines += ["", "CPU share by process (the last repeat; a role/name is a process that role started: the "
+                      "engine core, reward workers):", "", "| arm | CPU share by process |", "|---|---|"]
+            lines += [f"| {_name(arm)} | {r} |" for arm, r in roles.items()]
     return "\n".join(lines)
+
+
+def _roles(timelines: list[dict]) -> str:
+    by_role = timelines[-1].get("cpu_share_by_role") if timelines else None
+    return ", ".join(f"{k} {v:.2f}" for k, v in by_role.items() if v >= 0.005) if by_role else ""
 
 
 def _cpu_cell(timelines: list[dict]) -> str:

@@ -83,6 +83,7 @@ class CpuSampler:
     def __init__(self, every_s: float = 0.1) -> None:
         self.every_s = every_s
         self.samples: list[tuple[float, dict[int, float]]] = []  # (wall time, pid -> user + system CPU s)
+        self.labels: dict[int, str] = {}  # pid -> its role: "producer", "producer/VLLM::EngineCor", ...
         self.cores = len(os.sched_getaffinity(0))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -105,6 +106,8 @@ class CpuSampler:
                 try:
                     t = child.cpu_times()
                     cpu[child.pid] = t.user + t.system
+                    if child.pid not in self.labels:
+                        self.labels[child.pid] = _label(child, me.pid)
                 except psutil.Error:  # it ended between the listing and the read
                     pass
             self.samples.append((time.time(), cpu))
@@ -118,6 +121,33 @@ class CpuSampler:
         (t0, a), (t1, b) = inside[0], inside[-1]
         used = sum(v - a.get(pid, 0.0) for pid, v in b.items())  # a process started inside counts from 0
         return used / ((t1 - t0) * self.cores)
+
+    def by_role(self, lo: float, hi: float) -> dict[str, float]:
+        """`share(lo, hi)` split by process role (the bench's own child it descends from, and its own name)."""
+        inside = [s for s in self.samples if lo <= s[0] <= hi]
+        if len(inside) < 2:
+            return {}
+        (t0, a), (t1, b) = inside[0], inside[-1]
+        out: dict[str, float] = {}
+        for pid, v in b.items():
+            role = self.labels.get(pid, "?")
+            out[role] = out.get(role, 0.0) + (v - a.get(pid, 0.0)) / ((t1 - t0) * self.cores)
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+ROLES = ("reference_buffer", "buffer", "producer", "learner")
+
+
+def _label(proc, root_pid: int) -> str:
+    """'buffer', 'producer', 'learner' for the bench's own children (by their command line); a grandchild is its
+    ancestor's role and its own process name ('producer/VLLM::EngineCor', 'producer/python': reward workers)."""
+    chain = [proc]
+    while chain[-1].ppid() != root_pid and chain[-1].parent() is not None:
+        chain.append(chain[-1].parent())
+    top = chain[-1]
+    words = " ".join(top.cmdline()).replace(".", " ").split()
+    role = next((r for r in ROLES if r in words), top.name())
+    return role if top is proc else f"{role}/{proc.name()}"
 
 
 def summarize(rows: list[dict], producers: dict[str, list[dict]], warmup: int, max_rounds: int,
@@ -151,6 +181,7 @@ def summarize(rows: list[dict], producers: dict[str, list[dict]], warmup: int, m
         "handoff_s_median": statistics.median(handoff) if handoff else 0.0,
         "weight_load_s_median": statistics.median(loads) if loads else None,
         "cpu_share": cpu.share(lo, hi) if cpu is not None else None,
+        "cpu_share_by_role": cpu.by_role(lo, hi) if cpu is not None else {},
     }
 
 
