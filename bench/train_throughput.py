@@ -116,7 +116,9 @@ def train(model: Path, data: Path, run_dir: Path, producers: int, steps: int, ne
     threads = len(parse_cores(pinned[1])) if pinned else max(1, (os.cpu_count() or 2) // producers)
     if pinned:
         extra = (*extra, "--learner.cpu_cores", pinned[0], "--learner.cpu_threads", str(len(parse_cores(pinned[0]))),
-                 "--producers.engine.cpu_cores", pinned[1])
+                 "--producers.engine.cpu_cores", pinned[1],
+                 # the buffer never holds the producer back for the learner: its tokens/s is its own rate
+                 "--buffer.max_staleness", "1000")
     cmd = [sys.executable, "-m", "pipeline.cli", "train", "--config", str(ROOT / "configs" / "tiny.toml"),
            "--model.path", str(model), "--data.train_files", json.dumps([str(data)]), "--data.template", "auto",
            "--learner.eval_every", "0", "--sampling.max_new_tokens", str(new_tokens),
@@ -177,7 +179,9 @@ def render(res: dict) -> str:
                   "`learner.cpu_threads` = its core count; "
                   f"`producers.engine.cpu_cores = \"{tr['pinned'][1]}\"`), against an offline engine pinned "
                   "to the producer's cores: what the pipeline costs generation when the learner does not take "
-                  "the producer's cores (the buffer and the reward workers are not pinned).", "",
+                  "the producer's cores (the buffer and the reward workers are not pinned), with "
+                  "`buffer.max_staleness` 1000 so that the buffer never holds the producer back while the learner "
+                  "trains (learner busy = its share of the run spent training rather than waiting for a batch).", "",
                   "| setup | cores | generated tokens/s | / offline on the same cores | learner busy |",
                   "|---|---|---:|---:|---:|",
                   f"| offline `LLM.generate`, 1 engine x {off['threads']} thread(s) | {off['cores']} | "

@@ -106,7 +106,7 @@ class CpuSampler:
                 try:
                     t = child.cpu_times()
                     cpu[child.pid] = t.user + t.system
-                    if child.pid not in self.labels:
+                    if "::" not in self.labels.get(child.pid, ""):  # vLLM retitles its processes after start
                         self.labels[child.pid] = _label(child, me.pid)
                 except psutil.Error:  # it ended between the listing and the read
                     pass
@@ -147,7 +147,10 @@ def _label(proc, root_pid: int) -> str:
     top = chain[-1]
     words = " ".join(top.cmdline()).replace(".", " ").split()
     role = next((r for r in ROLES if r in words), top.name())
-    return role if top is proc else f"{role}/{proc.name()}"
+    if top is proc:
+        return role
+    argv0 = (proc.cmdline() or [proc.name()])[0]  # vLLM retitles its processes: VLLM::EngineCore, VLLM::Worker
+    return f"{role}/{argv0 if '::' in argv0 else proc.name()}"
 
 
 def summarize(rows: list[dict], producers: dict[str, list[dict]], warmup: int, max_rounds: int,
