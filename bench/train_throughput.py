@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         untrained = save_untrained(Path(tmp) / "untrained")
         data = write_problems(Path(tmp) / "addition.jsonl", args.prompts, seed=5)
         runs = Path(tmp) / "runs"
-        grpo = ("--sampling.exit_rule", "fixed", "--buffer.unresolved", "keep")
+        # random weights never earn a reward: the run must not stop for it (buffer.stop_without_signal)
+        grpo = ("--sampling.exit_rule", "fixed", "--buffer.unresolved", "keep", "--buffer.stop_without_signal", "0")
         eager = ("--producers.engine.enforce_eager", "true") if args.smoke else ()  # no compilation: starts faster
         res = {"command": "python -m bench.train_throughput " + " ".join(argv or sys.argv[1:]),
                "prompts": args.prompts, "k": args.k, "max_new_tokens": args.max_new_tokens, "cpu_count": os.cpu_count(),
