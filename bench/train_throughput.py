@@ -179,7 +179,8 @@ def render(res: dict) -> str:
                   "`learner.cpu_threads` = its core count; "
                   f"`producers.engine.cpu_cores = \"{tr['pinned'][1]}\"`), against an offline engine pinned "
                   "to the producer's cores: what the pipeline costs generation when the learner does not take "
-                  "the producer's cores (the buffer and the reward workers are not pinned), with "
+                  "the producer's cores (the buffer is not pinned; the producer's reward workers share its cores), "
+                  "with "
                   "`buffer.max_staleness` 1000 so that the buffer never holds the producer back while the learner "
                   "trains (learner busy = its share of the run spent training rather than waiting for a batch).", "",
                   "| setup | cores | generated tokens/s | / offline on the same cores | learner busy |",
