@@ -201,7 +201,7 @@ def main(argv=None) -> int:
         big = {f"layer{i}.weight": torch.randn(4096, 4096).to(torch.bfloat16)  # 32 MiB each
                for i in range(max(1, args.big_mib // 32))}
         pub_big = bench_publish(big, Path(shm) / "b", args.publish_reps)
-    params = sum(v.numel() for v in state.values())
+    params = sum(v.numel() for v in {v.data_ptr(): v for v in state.values()}.values())  # tied weights once
     big_name = f"{len(big)} x 4096^2"
     lines = [
         "# Learner benchmark", "",
