@@ -106,8 +106,11 @@ class CpuSampler:
                 try:
                     t = child.cpu_times()
                     cpu[child.pid] = t.user + t.system
-                    if "::" not in self.labels.get(child.pid, ""):  # vLLM retitles its processes after start
-                        self.labels[child.pid] = _label(child, me.pid)
+                    # keep the most telling label seen: vLLM retitles its processes after they start, and a
+                    # process read as it exits (or before its exec) shows no command line
+                    label = _label(child, me.pid)
+                    if _rank(label) >= _rank(self.labels.get(child.pid, "")):
+                        self.labels[child.pid] = label
                 except psutil.Error:  # it ended between the listing and the read
                     pass
             self.samples.append((time.time(), cpu))
@@ -136,6 +139,11 @@ class CpuSampler:
 
 
 ROLES = ("reference_buffer", "buffer", "producer", "learner")
+
+
+def _rank(label: str) -> int:
+    """How much a label says: a role (1), and a vLLM process title (2)."""
+    return (label.split("/")[0] in ROLES) + ("::" in label)
 
 
 def _label(proc, root_pid: int) -> str:
