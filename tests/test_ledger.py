@@ -188,3 +188,6 @@ def test_generation_per_process_and_the_ledger_and_its_lines():
     assert sum(led[f"{f}_tokens"] for f in FATES) == led["generated_tokens"] == 121
     assert table(led)[0] == ("trained", 4, 40, pytest.approx(40 / 121))
     assert compact(led).startswith("121 tokens: trained 33% | pooled 17% | eval 13% | lost 33%")
+    # mid-run, unreported can dip below zero by a result that arrived before its heartbeat: never "-0%"
+    assert "unreported" not in compact({**led, "generated_tokens": 10_000, "unreported_tokens": -1})
+    assert "unreported -6%" in compact({**led, "generated_tokens": 10_000, "unreported_tokens": -600})  # still shown

@@ -229,8 +229,10 @@ def table(led: Mapping[str, float]) -> list[tuple[str, int, int, float]]:
 
 
 def compact(led: Mapping[str, float]) -> str:
-    """One line: generated tokens, then each non-empty fate's share of them."""
+    """One line: generated tokens, then each non-empty fate's share of them. A fate below zero by less than half a
+    percent (unreported mid-run: a result can arrive before the heartbeat that counts it) is left out rather than
+    shown as "-0%"."""
     if not led or "generated_tokens" not in led:
         return "-"
-    parts = [f"{fate} {share:.0%}" for fate, _, tokens, share in table(led) if tokens]
+    parts = [f"{fate} {share:.0%}" for fate, _, tokens, share in table(led) if tokens > 0 or share <= -0.005]
     return f"{int(led['generated_tokens']):,} tokens: " + (" | ".join(parts) or "none yet")
