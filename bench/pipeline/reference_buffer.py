@@ -43,7 +43,7 @@ class BarrierScheduler(Scheduler):
     def request_work(self, producer_id: str, max_rounds: int, now: float, *args, **kwargs
                      ) -> list[P.RoundAssignment]:
         self._members &= self.pools.active.keys()
-        if not self._rounds and not self._members:  # the last barrier round is all back: the next one starts
+        if not self.leases.num_train and not self._members:  # the last barrier round is all back: the next starts
             self._start_barrier(now)
         return super().request_work(producer_id, max_rounds, now, *args, **kwargs)
 

@@ -388,12 +388,6 @@ class Scheduler:
 
     # ------------------------------------------------------------ observation
 
-    @property
-    def _rounds(self) -> dict[int, int]:
-        """Training round id out -> its prompt id, in issue order: a view derived from the book of leases (a copy;
-        subclasses read it, e.g. bench/pipeline/reference_buffer.py's barrier scheduler)."""
-        return {round_id: lease.prompt_id for round_id, lease in self.leases.train()}
-
     def in_flight(self, round_id: int) -> bool:
         """Whether training round `round_id` is out at a producer (its samples may still be accepted)."""
         return self.leases.is_train(round_id)
@@ -436,7 +430,7 @@ class Scheduler:
     def check_invariants(self) -> None:
         """Assert the invariants in the module docstring (tests call it after every event; O(state) cost)."""
         train = dict(self.leases.train())
-        self.pools.check(self._rounds)
+        self.pools.check({round_id: lease.prompt_id for round_id, lease in train.items()})
         for round_id, lease in train.items():
             in_flight = self.pools.active[lease.prompt_id].in_flight
             assert in_flight is not None and in_flight.round_id == round_id, f"round {round_id} untracked"
