@@ -116,26 +116,23 @@ class CpuSampler:
             self.samples.append((time.time(), cpu))
             self._stop.wait(self.every_s)
 
-    def share(self, lo: float, hi: float) -> float | None:
-        """CPU used between the samples nearest inside [lo, hi], over their interval x cores."""
-        inside = [s for s in self.samples if lo <= s[0] <= hi]
-        if len(inside) < 2:
-            return None
-        (t0, a), (t1, b) = inside[0], inside[-1]
-        used = sum(v - a.get(pid, 0.0) for pid, v in b.items())  # a process started inside counts from 0
-        return used / ((t1 - t0) * self.cores)
-
     def by_role(self, lo: float, hi: float) -> dict[str, float]:
-        """`share(lo, hi)` split by process role (the bench's own child it descends from, and its own name)."""
+        """The CPU used between the samples nearest inside [lo, hi], over their interval x cores, per process role
+        (the bench's own child it descends from, and its own name), largest first; {} for too short a window."""
         inside = [s for s in self.samples if lo <= s[0] <= hi]
         if len(inside) < 2:
             return {}
         (t0, a), (t1, b) = inside[0], inside[-1]
         out: dict[str, float] = {}
-        for pid, v in b.items():
+        for pid, v in b.items():  # a process started inside the window counts from 0
             role = self.labels.get(pid, "?")
             out[role] = out.get(role, 0.0) + (v - a.get(pid, 0.0)) / ((t1 - t0) * self.cores)
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    def share(self, lo: float, hi: float) -> float | None:
+        """`by_role` summed: the arm's whole CPU share over the window (None for too short a window)."""
+        roles = self.by_role(lo, hi)
+        return sum(roles.values()) if roles else None
 
 
 ROLES = ("reference_buffer", "buffer", "producer", "learner")
