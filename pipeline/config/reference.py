@@ -56,8 +56,9 @@ def _type_text(tp: Any) -> str:
     """A field's type and limits in words: 'int >= 1', 'one of "drop", "keep"', 'list of strings'."""
     base, meta = unwrap(tp)
     limits = limits_text(meta)
-    if allowed_values(tp):
-        text = "one of " + ", ".join(toml_value(c) for c in allowed_values(tp))
+    choices = allowed_values(tp)  # a registry's are imported and listed on every call: once here
+    if choices:
+        text = "one of " + ", ".join(toml_value(c) for c in choices)
     elif get_origin(base) is list:
         item = get_args(base)[0]
         items = ("values in " + ", ".join(toml_value(c) for c in get_args(item)) if get_origin(item) is Literal
