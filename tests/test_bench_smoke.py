@@ -292,8 +292,10 @@ def test_pipeline_bench_vllm_smoke(tmp_path, tiny_model_dir):
     assert set(data) == {"reference", "0"} and data["0"]["staleness_seen"] == 0
     timeline = data["0"]["timeline"][0]
     assert timeline["weight_load_s_median"] is not None and 0 < timeline["cpu_share"] <= 1.05
-    # a vLLM producer's assignments overlap: busy is the union of their spans, a share of the window
-    assert all(0 < v <= 1 for v in timeline["producer_busy_share"].values()), timeline["producer_busy_share"]
+    # a vLLM producer's assignments overlap: busy is the union of their spans, a share of the window (with a batch
+    # of 2 over 2 measured steps one producer may get no round inside the window: only one is sure to be busy)
+    busy = timeline["producer_busy_share"]
+    assert all(0 <= v <= 1 for v in busy.values()) and max(busy.values()) > 0, busy
     assert {"learner", "producer"} <= {k.split("/")[0] for k in timeline["cpu_share_by_role"]}
     assert "--arms reference,0" in out.read_text() and out.with_name("pipeline_vllm.png").stat().st_size > 0
 
