@@ -2,18 +2,57 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-TINY_MODEL_DIR = Path(__file__).resolve().parents[1] / ".cache" / "tiny-model"
+ROOT = Path(__file__).resolve().parents[1]
+TINY_MODEL_DIR = ROOT / ".cache" / "tiny-model"
 
 
+@pytest.hookimpl(trylast=True)  # after -m / -k deselection: only the tests that will run count
 def pytest_collection_modifyitems(config, items):
     """Slow tests first, in file order, then the rest: with `make test`'s two workers (`-n 2 --dist worksteal`)
     the long multi-process tests start at once and the many short ones fill the gaps at the end, instead of one
     long test running alone while the other worker idles."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    _start_model_builds(config, items)
+
+
+def _model_builds() -> dict[str, tuple[bool, str]]:
+    """{fixture: (its model is built and current, Python code that builds it)} for the test models."""
+    from pipeline import tiny_model
+    from pipeline.testing import realistic_model
+
+    stats = realistic_model.read_stats(realistic_model.DEFAULT_DIR) or {}
+    realistic_built = stats.get("builder_version") == realistic_model.BUILDER_VERSION and stats.get("seed") == 0
+    return {
+        "tiny_model_dir": (tiny_model._is_current(TINY_MODEL_DIR, 0), "from pipeline.tiny_model import "
+                           f"ensure_tiny_model; ensure_tiny_model({str(TINY_MODEL_DIR)!r})"),
+        "realistic_model_dir": (realistic_built, "from pipeline.testing.realistic_model import "
+                                "ensure_realistic_model; ensure_realistic_model()"),
+    }
+
+
+def _start_model_builds(config, items) -> None:
+    """Build the test models the selected tests need in background processes, one per model, from the start.
+
+    Each build runs on one core for one to two minutes. Built inside the first fixture that needs it, a build held its
+    worker, and the other worker soon blocked on the build's lock too: a core idled for minutes at the start of every
+    clean run. Started here, the builds run side by side while the workers take tests; a fixture that needs a model
+    still calls its `ensure_*`, which waits on the build's lock (or builds the model itself if this build failed)."""
+    workers = getattr(config, "workerinput", {"workerid": "gw0", "workercount": 1})  # no xdist: one "worker"
+    index, count = int(workers["workerid"].removeprefix("gw")), int(workers["workercount"])
+    wanted = [name for name, (built, _) in _model_builds().items()
+              if not built and any(name in item.fixturenames for item in items)]
+    for i, name in enumerate(wanted):
+        if i % count == index:  # each model is started by one worker
+            (ROOT / ".cache").mkdir(exist_ok=True)
+            with open(ROOT / ".cache" / f"{name.removesuffix('_dir')}-build.log", "a") as log:
+                subprocess.Popen([sys.executable, "-c", _model_builds()[name][1]], cwd=ROOT, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
 @pytest.fixture(scope="session")
