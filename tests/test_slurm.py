@@ -70,7 +70,10 @@ def test_the_script_trains_and_restarts_a_killed_producer(tmp_path, tiny_model_d
     run = tmp_path / "slurm"
     subprocess.run([sys.executable, "-m", "pipeline.cli", "slurm", "--config", str(REPO / "configs" / "tiny.toml"),
                     "--run.dir", str(tmp_path), "--run.name", "slurm", "--nodes", "1", "--learner.num_steps", "8",
-                    "--learner.eval_every", "0", "--endpoints.router_port", str(port)],
+                    "--learner.eval_every", "0", "--endpoints.router_port", str(port),
+                    # one producer, eager: each engine start costs about 30 s of CPU (vLLM's imports in three
+                    # processes, and compilation unless eager); its kill and restart is what is tested
+                    "--producers.count", "1", "--producers.engine.enforce_eager", "true"],
                    cwd=REPO, check=True, timeout=300)
     script = run / "run.sbatch"
     real = _slurm_answers()
