@@ -359,7 +359,9 @@ def test_main_trains_publishes_announces_and_shuts_down(tiny, groups, tmp_path, 
     assert "step 1 | reward 0.50 | kept 4/4 | stale 0 |" in out and "kept 3/4 | stale 1 |" in out
     assert (tmp_path / "r" / "checkpoints" / "latest").read_text() == "step_000002"
 
-    buf = LearnerBuffer([groups])  # --resume: republish version 2 for fresh producers, then go on at 2
+    # --resume: republish version 2 for fresh producers, then go on at 2 (a buffer at the checkpoint's version, that
+    # answers the learner's question for it: a silent one costs the 30 s the learner waits for its answer)
+    buf = LearnerBuffer([groups], version=2)
     try:
         rc = main(main_args(tiny, tmp_path, buf.port, "--learner.num_steps", "3", "--resume"))
     finally:
