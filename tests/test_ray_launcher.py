@@ -91,7 +91,10 @@ def test_a_run_on_two_ray_nodes_places_by_resource_spreads_the_learner_and_survi
            "--run.ray_resources", "{buffer = {node_a = 0.1}, producer = {node_b = 0.1}}",
            "--learner.num_nodes", "2", "--learner.num_ranks", "2", "--learner.num_steps", "10",
            "--learner.checkpoint_every", "2", "--learner.eval_every", "10", "--eval.num_problems", "40",
-           "--buffer.heartbeat_timeout_s", "5", "--endpoints.router_port", "0"]
+           "--buffer.heartbeat_timeout_s", "5", "--endpoints.router_port", "0",
+           # one producer, killed twice (its process, then its actor), eager: each engine start costs about 30 s
+           # of CPU (vLLM's imports in three processes, and compilation unless eager)
+           "--producers.count", "1", "--producers.engine.enforce_eager", "true"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait(lambda: _steps(run) >= 2 and "learner" in _placement(run), proc, "2 steps")
@@ -99,12 +102,15 @@ def test_a_run_on_two_ray_nodes_places_by_resource_spreads_the_learner_and_survi
         assert placed["buffer"]["node"] == nodes["node_a"], placed
         assert sorted(n["node"] for n in placed["learner"]["nodes"]) == sorted(nodes.values()), placed  # one a node
         assert all(n["pid"] for n in placed["learner"]["nodes"]), placed
-        assert {placed[n]["node"] for n in ("producer-0", "producer-1")} == {nodes["node_b"]}, placed
+        assert placed["producer-0"]["node"] == nodes["node_b"], placed
         os.kill(placed["producer-0"]["pid"], signal.SIGKILL)  # the process dies; its actor reports the exit
         _wait(lambda: _placement(run)["producer-0"]["restarts"] == 1, proc, "producer-0's restart")
         steps = _steps(run)
-        os.kill(placed["producer-1"]["actor_pid"], signal.SIGKILL)  # the actor dies, as with its node
-        _wait(lambda: _placement(run)["producer-1"]["restarts"] == 1, proc, "producer-1's new actor")
+        _wait(lambda: _steps(run) > steps, proc, "a step after the process kill")
+        steps, actor = _steps(run), _placement(run)["producer-0"]["actor_pid"]
+        os.kill(actor, signal.SIGKILL)  # the actor dies, as with its node
+        _wait(lambda: _placement(run)["producer-0"]["restarts"] == 2, proc, "producer-0's new actor")
+        assert _placement(run)["producer-0"]["actor_pid"] != actor
         _wait(lambda: _steps(run) > steps, proc, "a step after both kills")
         out, _ = proc.communicate(timeout=600)
     finally:
@@ -112,11 +118,10 @@ def test_a_run_on_two_ray_nodes_places_by_resource_spreads_the_learner_and_survi
             proc.send_signal(signal.SIGINT)
             proc.wait(120)
     assert proc.returncode == 0, out[-4000:]
-    assert "producer-0 exited with code -9; restarting it" in out, out[-3000:]
-    assert "producer-1 exited with code -9; restarting it" in out, out[-3000:]
+    assert out.count("producer-0 exited with code -9; restarting it") == 2, out[-3000:]
     placed = _placement(run)
     assert sorted(n["node"] for n in placed["learner"]["nodes"]) == sorted(nodes.values()), placed
-    assert placed["producer-1"]["node"] == nodes["node_b"] and placed["producer-1"]["restarts"] == 1, placed
+    assert placed["producer-0"]["node"] == nodes["node_b"] and placed["producer-0"]["restarts"] == 2, placed
     assert _steps(run) >= 10
     final = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()][-1]
     assert final["version"] >= 10 and 0.0 <= final["accuracy"] <= 1.0, final
