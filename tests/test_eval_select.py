@@ -1,6 +1,15 @@
-"""`reinforce-ada eval` and `reinforce-ada select-prompts` with real vLLM on the tiny model."""
+"""`reinforce-ada eval` and `reinforce-ada select-prompts` with real vLLM on the tiny model.
 
+The runs that sample call the commands' `main` in this process, through the `reinforce-ada` dispatcher, with one
+vLLM engine for the module (`pipeline.offline.make_llm` builds it at the first call and hands it out again to
+calls with the same engine arguments): each engine start costs ~30 s of CPU, and the commands differ in their
+data, reward and counts, not in the engine. The commands as processes (`python -m pipeline.cli ...`) run in the
+tests of their errors."""
+
+import contextlib
+import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +20,8 @@ from pipeline.data import make_arithmetic
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).parents[1]
+ENGINE = ["--producers.engine.max_model_len", "64", "--producers.engine.enforce_eager", "true",
+          "--sampling.max_new_tokens", "8"]
 
 
 def _cli(*args, timeout=400):
@@ -18,14 +29,47 @@ def _cli(*args, timeout=400):
                           timeout=timeout)
 
 
-def test_eval_reports_ave_at_k_per_benchmark_and_weighted(tmp_path, tiny_model_dir):
+@pytest.fixture(scope="module")
+def run_cli(tiny_model_dir):
+    """run_cli(*args) -> (exit code, stdout): `reinforce-ada ARGS` in this process, sharing one engine."""
+    from pipeline import offline
+    from pipeline.cli import main
+
+    real_make_llm, engines = offline.make_llm, {}
+
+    def make_llm(cfg, model_dir):
+        key = (model_dir, cfg.model.dtype, cfg.run.seed, repr(cfg.producers.engine))
+        if key not in engines:  # another engine configuration: a new engine (none of these tests asks for one)
+            for llm in engines.values():
+                offline.shutdown_llm(llm)
+            engines.clear()
+            engines[key] = real_make_llm(cfg, model_dir)
+        return engines[key]
+
+    def run(*args):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(list(args))
+        return code, out.getvalue()
+
+    env = dict(os.environ)  # the engine's set-up writes the CPU backend's variables into this process's
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(offline, "make_llm", make_llm)
+        yield run
+    for llm in engines.values():
+        offline.shutdown_llm(llm)
+    os.environ.clear()
+    os.environ.update(env)
+
+
+def test_eval_reports_ave_at_k_per_benchmark_and_weighted(tmp_path, run_cli):
     data = tmp_path / "two_digit.jsonl"
     data.write_text("".join(json.dumps({"problem": ex.problem, "answer": ex.answer}) + "\n"
                             for ex in make_arithmetic(30, levels=(2,), seed=7)))
     out = tmp_path / "eval.json"
-    proc = _cli("eval", "--model", "tiny", "--data", "arithmetic", str(data), "--k", "4", "--limit", "40",
-                "--out", str(out), "--producers.engine.max_model_len", "64", "--sampling.max_new_tokens", "8")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, stdout = run_cli("eval", "--model", "tiny", "--data", "arithmetic", str(data), "--k", "4", "--limit", "40",
+                           "--out", str(out), *ENGINE)
+    assert code == 0
     result = json.loads(out.read_text())
     bench = result["benchmarks"]
     assert set(bench) == {"arithmetic", "two_digit"}
@@ -34,20 +78,20 @@ def test_eval_reports_ave_at_k_per_benchmark_and_weighted(tmp_path, tiny_model_d
         assert 0.05 < row["ave_at_k"] < 0.8  # the tiny model solves about 0.3 of two-digit problems at T = 1
     weighted = (40 * bench["arithmetic"]["ave_at_k"] + 30 * bench["two_digit"]["ave_at_k"]) / 70
     assert abs(result["weighted_ave_at_k"] - weighted) < 1e-9
-    assert "weighted average" in proc.stdout
+    assert "weighted average" in stdout
 
 
-def test_select_prompts_keeps_the_pass_rate_window(tmp_path, tiny_model_dir):
+def test_select_prompts_keeps_the_pass_rate_window(tmp_path, run_cli):
     data = tmp_path / "train.jsonl"
     rows = [{"problem": ex.problem, "answer": ex.answer} for ex in make_arithmetic(40, levels=(1, 2), seed=3)]
     rows.append(dict(rows[0]))  # a duplicate is removed before sampling
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "selected.jsonl"
-    proc = _cli("select-prompts", "--model", "tiny", "--data", str(data), "--out", str(out), "--samples", "16",
-                "--max-rate", "0.5", "--producers.engine.max_model_len", "64", "--sampling.max_new_tokens", "8")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    # vLLM logs to stdout too (also after the result, at shutdown): find the counts line
-    counts = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith('{"problems"')))
+    code, stdout = run_cli("select-prompts", "--model", "tiny", "--data", str(data), "--out", str(out),
+                           "--samples", "16", "--max-rate", "0.5", *ENGINE)
+    assert code == 0
+    # vLLM may log to stdout too: find the counts line
+    counts = json.loads(next(line for line in stdout.splitlines() if line.startswith('{"problems"')))
     assert counts["problems"] == 40
     kept = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(kept) == counts["kept"] > 0
@@ -71,7 +115,7 @@ def _verl_parquet(path: Path, examples) -> list[dict]:
     return rows
 
 
-def test_eval_reads_verl_rows_like_plain_ones_and_scores_with_reward_fn(tmp_path, tiny_model_dir):
+def test_eval_reads_verl_rows_like_plain_ones_and_scores_with_reward_fn(tmp_path, run_cli):
     """A chat-message prompt renders as the same problem does (one rendering path), and reward.fn with its extras
     scores the samples: the two files get the same Ave@k."""
     examples = make_arithmetic(30, levels=(2,), seed=7)
@@ -80,28 +124,28 @@ def test_eval_reads_verl_rows_like_plain_ones_and_scores_with_reward_fn(tmp_path
                                          "extra_info": {"aliases": [f"{ex.answer}."]}}) + "\n" for ex in examples))
     _verl_parquet(tmp_path / "verl.parquet", examples)
     out = tmp_path / "eval.json"
-    proc = _cli("eval", "--model", "tiny", "--data", str(plain), str(tmp_path / "verl.parquet"), "--k", "4",
-                "--out", str(out), "--producers.engine.max_model_len", "64", "--sampling.max_new_tokens", "8",
-                "--reward.fn", "pipeline.rewards.match:exact_match", "--data.extra_keys", '["extra_info.aliases"]')
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, _ = run_cli("eval", "--model", "tiny", "--data", str(plain), str(tmp_path / "verl.parquet"), "--k", "4",
+                      "--out", str(out), *ENGINE, "--reward.fn", "pipeline.rewards.match:exact_match",
+                      "--data.extra_keys", '["extra_info.aliases"]')
+    assert code == 0
     bench = json.loads(out.read_text())["benchmarks"]
     assert bench["plain"]["problems"] == bench["verl"]["problems"] == 30
     assert 0.05 < bench["verl"]["ave_at_k"] < 0.8
     assert bench["verl"]["ave_at_k"] == bench["plain"]["ave_at_k"]
 
 
-def test_select_prompts_writes_the_input_rows_back(tmp_path, tiny_model_dir):
+def test_select_prompts_writes_the_input_rows_back(tmp_path, run_cli):
     from pipeline.data import load_dataset
 
     rows = _verl_parquet(tmp_path / "verl.parquet", make_arithmetic(20, levels=(1, 2), seed=5))
     out = tmp_path / "selected.jsonl"
     args = ["select-prompts", "--model", "tiny", "--data", str(tmp_path / "verl.parquet"), "--out", str(out),
-            "--samples", "4", "--min-rate", "0", "--max-rate", "1", "--producers.engine.max_model_len", "64",
-            "--sampling.max_new_tokens", "8", "--data.extra_keys", '["extra_info.aliases"]']
+            "--samples", "4", "--min-rate", "0", "--max-rate", "1", *ENGINE,
+            "--data.extra_keys", '["extra_info.aliases"]']
     proc = _cli(*args, timeout=60)  # math-verify takes no extras: an error before any engine starts
     assert proc.returncode == 2 and "reward.fn: pipeline.rewards.math:verify cannot be called" in proc.stderr
-    proc = _cli(*args, "--reward.fn", "pipeline.rewards.match:exact_match")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, _ = run_cli(*args, "--reward.fn", "pipeline.rewards.match:exact_match")
+    assert code == 0
     kept = [json.loads(line) for line in out.read_text().splitlines()]
     assert [{k: v for k, v in r.items() if k not in ("pass_rate", "source")} for r in kept] == rows
     assert [r["source"] for r in kept] == [f"verl.parquet:{i}" for i in range(1, 21)]

@@ -363,8 +363,10 @@ def producer_proc(models):
 
 
 @pytest.fixture(scope="module")
-def engine(models, producer_proc):
-    """One in-process engine on model 0 for the module (the producer process boots meanwhile)."""
+def engine(models):
+    """One in-process engine on model 0 for the module. It does not ask for `producer_proc`: booting the producer
+    meanwhile saves wall time only on an idle machine, and `make test`'s workers may split this module, when the
+    worker running only engine tests would boot (~30 s of CPU) and kill a producer it never uses."""
     from pipeline.producer.engine import Engine
 
     old = {k: os.environ.get(k) for k in _engine_env()}
