@@ -6,9 +6,9 @@ EXTRAS ?= cpu,deepspeed,dev
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell printf '%s' "$(EXTRAS)" | tr ',' '-')
 PYTEST_ARGS ?=
-# two pytest-xdist workers, slow tests first (tests/conftest.py), an idle worker takes tests queued for the other;
-# PYTEST_XDIST="-p no:xdist" runs the suite in one process
-PYTEST_XDIST ?= -n 2 --dist worksteal
+# two pytest-xdist workers, slow tests first (tests/conftest.py), each worker takes the next test (or group of tests
+# sharing a module's fixture) when it runs low; PYTEST_XDIST="-p no:xdist" runs the suite in one process
+PYTEST_XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 .PHONY: install run test test-fast bench lint clean
 
