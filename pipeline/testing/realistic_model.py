@@ -5,7 +5,7 @@ local text (vocabulary 8192, digits split one per token as in Qwen2.5), a ChatML
 system prompt, tied input/output embeddings, grouped-query attention (4 query heads, 2 KV heads, head_dim 32)
 and prompts of 50-500 tokens: a distractor passage of math text in front of each question.
 
-The task: "{passage}\n\nWhat is A+B?" (A, B < 100, one or two digits) answered as "The answer is \\boxed{S}."
+The task: "{passage}\n\nWhat is A+B?" (A < 20, B < 10) answered as "The answer is \\boxed{S}."
 It is trained briefly with supervised learning on the completion tokens until its pass rate at T = 1.0 lies
 in a middle band, so RL runs on it see both right and wrong answers.
 
