@@ -207,7 +207,8 @@ def test_train_with_dist_through_the_supervisor(tmp_path, tiny_model_dir):
     cmd = [sys.executable, "-m", "pipeline.cli", "train", "--config", str(REPO / "configs" / "tiny.toml"),
            "--run.dir", str(tmp_path), "--run.name", "dist", "--learner.num_steps", str(steps),
            "--learner.batch_prompts", "16", "--learner.mini_batches", "1", "--learner.checkpoint_every", "0",
-           "--learner.eval_every", "0", "--producers.count", "2", "--endpoints.router_port", "0",
+           "--learner.eval_every", "0", "--producers.count", "2", "--producers.engine.enforce_eager", "true",
+           "--endpoints.router_port", "0",
            "--buffer.max_staleness", "0", "--weights.transport", "dist", "--weights.dir", str(weights_dir),
            "--weights.dist_timeout_s", "30", "--weights.dist_wait_s", "2"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)

@@ -5,7 +5,7 @@ local text (vocabulary 8192, digits split one per token as in Qwen2.5), a ChatML
 system prompt, tied input/output embeddings, grouped-query attention (4 query heads, 2 KV heads, head_dim 32)
 and prompts of 50-500 tokens: a distractor passage of math text in front of each question.
 
-The task: "{passage}\n\nWhat is A+B?" (A, B < 100, one or two digits) answered as "The answer is \\boxed{S}."
+The task: "{passage}\n\nWhat is A+B?" (A < 20, B < 10) answered as "The answer is \\boxed{S}."
 It is trained briefly with supervised learning on the completion tokens until its pass rate at T = 1.0 lies
 in a middle band, so RL runs on it see both right and wrong answers.
 
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = ROOT / ".cache" / "realistic-model"
 BENCHMARKS = ROOT.parent / "shared" / "data" / "benchmarks"
@@ -155,13 +155,11 @@ def completion(answer: str) -> str:
 # ---------------------------------------------------------------- training
 
 
-def _batch(rng, pool, tokenizer, size: int, max_tokens: int):
+def _batch(rng, pool, tokenizer, size: int, lo: int, hi: int):
+    """`size` training sequences (prompt + completion; labels on the completion) with passages of lo-hi tokens."""
     from pipeline.tiny_model import completion_batch
 
     seqs, starts = [], []
-    # mostly batches of short passages (cheap), one in eight of long ones, so long prompts are seen in training
-    # too (a batch pads to its longest sequence: mixing lengths would make every batch long)
-    lo, hi = (0, 40) if rng.random() < 0.875 else (40, max_tokens)
     for _ in range(size):
         problem, answer = make_problem(rng, pool, rng.randint(lo, hi))
         prompt = tokenizer(render(tokenizer, problem), add_special_tokens=True)["input_ids"]
@@ -219,38 +217,57 @@ def pass_rate(model, tokenizer, problems: list[tuple[str, str]], seed: int = 0, 
     return ok / len(problems)
 
 
-def build(out_dir: str | Path, seed: int = 0, steps: int = 1500, batch_size: int = 32, lr: float = 3e-3,
-          target: tuple[float, float] = (0.25, 0.6), log=print) -> dict[str, Any]:
+def build(out_dir: str | Path, seed: int = 0, steps: int = 1000, batch_size: int = 16, lr: float = 3e-3,
+          target: tuple[float, float] = (0.25, 0.6), log=print, check_every: int = 25) -> dict[str, Any]:
+    """Train until the pass rate at T = 1 reaches target[0] (checked every `check_every` steps).
+
+    The cost is the training steps (~0.1 s of one core each at batch 16; the tokenizer takes ~2 s, a pass-rate
+    check ~0.7 s): the model sits near chance (~0.05) for a few hundred steps, then learns to read A and B.
+    So the batches are cheap: 16 questions after 0-10 passage tokens (the fixed chat template, system prompt
+    and instruction are most of a prompt), and every 8th step 8 questions after 40-420 tokens so long prompts
+    (and positions up to ~500) are seen in training too (a batch pads to its longest sequence: mixing lengths
+    would make every batch long). Batches of 32 with passages of 0-40 tokens cost 3x as much per step
+    and took about as many steps. One torch thread, so a seed always builds the same model.
+    """
     import torch
 
     t0 = time.monotonic()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    tokenizer = make_tokenizer(corpus_texts())
-    model = make_model(tokenizer)
-    rng, pool = random.Random(seed), passages(seed)
-    eval_rng = random.Random(seed + 1_000_003)
-    evals = [make_problem(eval_rng, pool, eval_rng.randint(0, 60)) for _ in range(100)]
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.1)
-    warm = 30
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * s / steps)))
-    rate, step = 0.0, 0
-    for step in range(1, steps + 1):
-        ids, labels = _batch(rng, pool, tokenizer, batch_size, 420)
-        loss = _completion_loss(model, ids, labels)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % 100 == 0:
-            rate = pass_rate(model, tokenizer, evals, seed)
-            log(f"realistic model | step {step} | loss {loss.item():.3f} | pass@T1 {rate:.2f} | "
-                f"{time.monotonic() - t0:.0f} s")
-            if rate >= target[0]:
-                break
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(seed)
+        tokenizer = make_tokenizer(corpus_texts())
+        model = make_model(tokenizer)
+        rng, pool = random.Random(seed), passages(seed)
+        eval_rng = random.Random(seed + 1_000_003)
+        evals = [make_problem(eval_rng, pool, eval_rng.randint(0, 60)) for _ in range(100)]
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.1)
+        warm = 30
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: (s + 1) / warm if s < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * s / steps)))
+        rate, step = 0.0, 0
+        for step in range(1, steps + 1):
+            if step % 8 == 0:
+                ids, labels = _batch(rng, pool, tokenizer, max(1, batch_size // 2), 40, 420)
+            else:
+                ids, labels = _batch(rng, pool, tokenizer, batch_size, 0, 10)
+            loss = _completion_loss(model, ids, labels)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            if step % check_every == 0:
+                rate = pass_rate(model, tokenizer, evals, seed)
+                if step % 100 == 0 or rate >= target[0]:
+                    log(f"realistic model | step {step} | loss {loss.item():.3f} | pass@T1 {rate:.2f} | "
+                        f"{time.monotonic() - t0:.0f} s")
+                if rate >= target[0]:
+                    break
+    finally:
+        torch.set_num_threads(threads)
     model.eval()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -271,7 +288,7 @@ def read_stats(model_dir: str | Path) -> dict[str, Any] | None:
 
 def ensure_realistic_model(out_dir: str | Path = DEFAULT_DIR, seed: int = 0, *, force: bool = False,
                            log=print) -> Path:
-    """`out_dir` holding a current realistic model for `seed` (built once, about two minutes on one core)."""
+    """`out_dir` holding a current realistic model for `seed` (built once, about 80 s of one core)."""
     from pipeline.tiny_model import build_once
 
     def current(d: Path) -> bool:
