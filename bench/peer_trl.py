@@ -491,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         return trl_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m bench.peer_trl", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer steps: about 20-30 minutes on 2 cores")
-    p.add_argument("--smoke", action="store_true", help="two steps of each arm on four held-out problems (tests)")
+    p.add_argument("--smoke", action="store_true", help="two steps of each arm, 2 groups per step, on four "
+                   "held-out problems, eager engines (tests)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--steps", type=int, default=0, help="learner steps per arm (default 30, --quick 10)")
     p.add_argument("--every", type=int, default=0, help="steps between evaluated versions (default steps / 3)")
@@ -522,8 +523,11 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.config import load_config
 
     # this project's arms score with the very function object TRL is given (reward.fn takes TRL's form)
-    extra = ["--reward.fn", "bench.peer_trl:reward"] + (["--eval.num_problems", "4", "--eval.k", "2"] if a.smoke
-                                                         else []) + overrides
+    # --smoke: 2 groups per step (B, every arm's), eager engines (no compilation: a faster start) for this
+    # project's arms and the evaluation
+    smoke = ["--eval.num_problems", "4", "--eval.k", "2", "--learner.batch_prompts", "2",
+             "--producers.engine.enforce_eager", "true"]
+    extra = ["--reward.fn", "bench.peer_trl:reward"] + (smoke if a.smoke else []) + overrides
     cfg = load_config(ROOT / CONFIG, extra)
     if a.work:
         work = Path(a.work)

