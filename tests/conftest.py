@@ -83,7 +83,7 @@ def procs():
 @pytest.fixture(scope="session")
 def realistic_model_dir() -> Path:
     """A model of realistic shape (BPE 8k vocabulary, chat template, tied embeddings, GQA), built once per
-    checkout (~2 min on one core) into .cache/realistic-model; see pipeline/testing/realistic_model.py."""
+    checkout (about 1.5 min of one core) into .cache/realistic-model; see pipeline/testing/realistic_model.py."""
     from pipeline.testing.realistic_model import ensure_realistic_model
 
     return ensure_realistic_model()
