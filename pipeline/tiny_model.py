@@ -270,14 +270,15 @@ def read_stats(model_dir: str | Path) -> dict[str, Any] | None:
         return None
 
 
-def _is_current(model_dir: Path, seed: int) -> bool:
+def is_current(model_dir: Path, seed: int) -> bool:
+    """`model_dir` holds a finished build of this builder's version for `seed`."""
     stats = read_stats(model_dir)
     return stats is not None and stats.get("builder_version") == BUILDER_VERSION and stats.get("seed") == seed
 
 
 def ensure_tiny_model(out_dir: str | Path, seed: int = 0, *, force: bool = False, log=print) -> Path:
     """Return `out_dir` holding a current tiny model for `seed`, building it first if missing or stale."""
-    return build_once(out_dir, lambda d: _is_current(d, seed), lambda d: build_tiny_model(d, seed=seed, log=log),
+    return build_once(out_dir, lambda d: is_current(d, seed), lambda d: build_tiny_model(d, seed=seed, log=log),
                       STATS_FILE, "tiny-model", force=force)
 
 

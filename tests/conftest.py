@@ -32,13 +32,12 @@ def _model_builds() -> dict[str, tuple[bool, str]]:
     from pipeline import tiny_model
     from pipeline.testing import realistic_model
 
-    stats = realistic_model.read_stats(realistic_model.DEFAULT_DIR) or {}
-    realistic_built = stats.get("builder_version") == realistic_model.BUILDER_VERSION and stats.get("seed") == 0
     return {
-        "tiny_model_dir": (tiny_model._is_current(TINY_MODEL_DIR, 0), "from pipeline.tiny_model import "
+        "tiny_model_dir": (tiny_model.is_current(TINY_MODEL_DIR, 0), "from pipeline.tiny_model import "
                            f"ensure_tiny_model; ensure_tiny_model({str(TINY_MODEL_DIR)!r})"),
-        "realistic_model_dir": (realistic_built, "from pipeline.testing.realistic_model import "
-                                "ensure_realistic_model; ensure_realistic_model()"),
+        "realistic_model_dir": (realistic_model.is_current(realistic_model.DEFAULT_DIR, 0), "from "
+                                "pipeline.testing.realistic_model import ensure_realistic_model; "
+                                "ensure_realistic_model()"),
     }
 
 
@@ -51,14 +50,14 @@ def _start_model_builds(config, items) -> None:
     still calls its `ensure_*`, which waits on the build's lock (or builds the model itself if this build failed)."""
     workers = getattr(config, "workerinput", {"workerid": "gw0", "workercount": 1})  # no xdist: one "worker"
     index, count = int(workers["workerid"].removeprefix("gw")), int(workers["workercount"])
-    wanted = [name for name, (built, _) in _model_builds().items()
+    wanted = [(name, code) for name, (built, code) in _model_builds().items()
               if not built and any(name in item.fixturenames for item in items)]
-    for i, name in enumerate(wanted):
+    for i, (name, code) in enumerate(wanted):
         if i % count == index:  # each model is started by one worker
             (ROOT / ".cache").mkdir(exist_ok=True)
             with open(ROOT / ".cache" / f"{name.removesuffix('_dir')}-build.log", "a") as log:
-                subprocess.Popen([sys.executable, "-c", _model_builds()[name][1]], cwd=ROOT, stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+                subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
 
 
 @pytest.fixture(scope="session")
@@ -83,7 +82,7 @@ def procs():
 @pytest.fixture(scope="session")
 def realistic_model_dir() -> Path:
     """A model of realistic shape (BPE 8k vocabulary, chat template, tied embeddings, GQA), built once per
-    checkout (about 1.5 min of one core) into .cache/realistic-model; see pipeline/testing/realistic_model.py."""
+    checkout (about 95 s of one core) into .cache/realistic-model; see pipeline/testing/realistic_model.py."""
     from pipeline.testing.realistic_model import ensure_realistic_model
 
     return ensure_realistic_model()

@@ -286,17 +286,19 @@ def read_stats(model_dir: str | Path) -> dict[str, Any] | None:
         return None
 
 
+def is_current(model_dir: str | Path, seed: int = 0) -> bool:
+    """`model_dir` holds a finished build of this builder's version for `seed`."""
+    stats = read_stats(model_dir)
+    return stats is not None and stats.get("builder_version") == BUILDER_VERSION and stats.get("seed") == seed
+
+
 def ensure_realistic_model(out_dir: str | Path = DEFAULT_DIR, seed: int = 0, *, force: bool = False,
                            log=print) -> Path:
-    """`out_dir` holding a current realistic model for `seed` (built once, about 80 s of one core)."""
+    """`out_dir` holding a current realistic model for `seed` (built once, about 95 s of one core)."""
     from pipeline.tiny_model import build_once
 
-    def current(d: Path) -> bool:
-        stats = read_stats(d)
-        return stats is not None and stats.get("builder_version") == BUILDER_VERSION and stats.get("seed") == seed
-
-    return build_once(out_dir, current, lambda d: build(d, seed=seed, log=log), STATS_FILE, "realistic-model",
-                      force=force)
+    return build_once(out_dir, lambda d: is_current(d, seed), lambda d: build(d, seed=seed, log=log), STATS_FILE,
+                      "realistic-model", force=force)
 
 
 def save_untrained(out_dir: str | Path, seed: int = 0) -> Path:
