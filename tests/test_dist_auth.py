@@ -22,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -92,14 +94,30 @@ def forged_value(key: str, payload: bytes) -> bytes:
     return seal(b"\0" * 32, key, payload)
 
 
-def steal_and_forge(port: int, forge, outcome: list) -> None:
-    """Pop the next request (before the learner reads it) and answer it with `forge(member, seq)`."""
-    store = rogue_store(port)
-    raw = store.queue_pop(REQUESTS, block=True)
-    req = Request.decode(raw.split(b" ", 2)[2])  # the payload is readable: only its seal is secret
-    key = plan_key(req.member, req.seq)
-    store.set(key, forged_value(key, forge(req)))
-    outcome.append(req)
+def steal_and_forge(port: int, forge, outcome: list, stolen: threading.Event) -> None:
+    """Pop the next request (before the learner reads it) and answer it with `forge(member, seq)`; set `stolen`."""
+    try:
+        store = rogue_store(port)
+        raw = store.queue_pop(REQUESTS, block=True)
+        req = Request.decode(raw.split(b" ", 2)[2])  # the payload is readable: only its seal is secret
+        key = plan_key(req.member, req.seq)
+        store.set(key, forged_value(key, forge(req)))
+        outcome.append(req)
+    finally:
+        stolen.set()
+
+
+@contextmanager
+def thief_pops_first(pub: DistPublisher, stolen: threading.Event, limit_s: float = 30.0):
+    """Hold the learner's request reader until the thief has popped a request (or `limit_s` passed): on a loaded
+    machine the learner's pop can win the race, and the attack would not take place. A thief nearer the store wins
+    such races in the field; here it wins every run."""
+    deadline = time.monotonic() + limit_s
+    pub._collect = lambda: (stolen.is_set() or time.monotonic() > deadline) and DistPublisher._collect(pub)
+    try:
+        yield
+    finally:
+        del pub._collect  # no cycle through pub: its store must go with it (a lingering one broke the next test)
 
 
 def _sums(model: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -122,13 +140,14 @@ def test_a_stolen_request_answered_with_a_forged_plan_is_refused_and_the_learner
         if attack != "its own tensors":
             buckets[0].nbytes = 1 << 50
         stolen, sent = [], []
-        thief = pool.submit(steal_and_forge, pub.port, lambda req: _rogue_plan(pub, req, buckets, data), stolen)
+        done = threading.Event()
+        thief = pool.submit(steal_and_forge, pub.port, lambda req: _rogue_plan(pub, req, buckets, data), stolen, done)
         rank0 = pool.submit(rogue_rank0, pub.port, group_prefix("rogue", 1), data, sent)
-        time.sleep(0.3)  # the thief waits on the queue before the member asks
         state = honest_state()
-        ann = pub.publish(state, 1)
-        model = member_load(cfg, ann)
-        thief.result(timeout=10)
+        with thief_pops_first(pub, done):
+            ann = pub.publish(state, 1)
+            model = member_load(cfg, ann)
+            thief.result(timeout=10)
         assert stolen and stolen[0].version == 1  # the attack took place: it stole the first request
         assert _sums(model) == _sums(state)  # the learner's tensors, none of the rogue's
         rank0.result(timeout=10)
