@@ -63,15 +63,11 @@ def test_train_end_to_end(tmp_path, tiny_model_dir):
         assert (run / "logs" / f"{name}.log").stat().st_size > 0
     assert "held-out Ave@4" in proc.stdout
     _assert_no_orphans(run)
-    # the run ends by naming its trained model (a Hugging Face export), and `eval --model RUN_DIR` evaluates it
+    # the run ends by naming its trained model (a Hugging Face export; test_export loads one in vLLM, and
+    # test_eval_select evaluates a run directory's latest export the way `eval --model RUN_DIR` does)
     export = run / "checkpoints" / f"step_{steps:06d}" / "hf"
     assert f"trained model (Hugging Face format, loads in transformers and vLLM): {export}" in proc.stdout
-    out = tmp_path / "eval.json"
-    ev = subprocess.run([sys.executable, "-m", "pipeline.cli", "eval", "--model", str(run), "--k", "2", "--limit",
-                         "20", "--out", str(out), *EAGER], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert ev.returncode == 0, ev.stderr[-3000:]
-    result = json.loads(out.read_text())
-    assert result["model"] == str(export) and result["benchmarks"]["arithmetic"]["problems"] == 20
+    assert (export / "config.json").is_file() and (export / "model.safetensors").is_file()
 
 
 def _assert_every_token_accounted_for(run: Path, rows: list[dict]) -> None:

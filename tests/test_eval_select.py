@@ -38,7 +38,7 @@ def run_cli(tiny_model_dir):
     real_make_llm, engines = offline.make_llm, {}
 
     def make_llm(cfg, model_dir):
-        key = (model_dir, cfg.model.dtype, cfg.run.seed, repr(cfg.producers.engine))
+        key = (os.path.realpath(model_dir), cfg.model.dtype, cfg.run.seed, repr(cfg.producers.engine))
         if key not in engines:  # another engine configuration: a new engine (none of these tests asks for one)
             for llm in engines.values():
                 offline.shutdown_llm(llm)
@@ -60,6 +60,23 @@ def run_cli(tiny_model_dir):
         offline.shutdown_llm(llm)
     os.environ.clear()
     os.environ.update(env)
+
+
+def test_eval_of_a_run_directory_takes_its_latest_export_and_the_runs_config(tmp_path, run_cli, tiny_model_dir):
+    """`eval --model RUN_DIR`: the run's latest checkpoint's export, read with the run's config (its eval_files).
+    The export here is the tiny model itself (a link), so the module's engine serves it."""
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints" / "step_000002"
+    ckpt.mkdir(parents=True)
+    (ckpt / "meta.json").write_text("{}")
+    (ckpt / "hf").symlink_to(tiny_model_dir.resolve(), target_is_directory=True)
+    (run / "checkpoints" / "latest").write_text("step_000002")
+    (run / "config.toml").write_text('[data]\neval_files = ["arithmetic"]\n')
+    out = tmp_path / "eval.json"
+    code, stdout = run_cli("eval", "--model", str(run), "--k", "2", "--limit", "20", "--out", str(out), *ENGINE)
+    assert code == 0, stdout
+    result = json.loads(out.read_text())
+    assert result["model"] == str(ckpt / "hf") and result["benchmarks"]["arithmetic"]["problems"] == 20
 
 
 def test_eval_reports_ave_at_k_per_benchmark_and_weighted(tmp_path, run_cli):
