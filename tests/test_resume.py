@@ -1,6 +1,6 @@
 """Whole-run resume (issue #14 part 4): the run directory check, the learner stopping on a signal (checkpoint
 first, no Shutdown to the buffer; under torchrun too), resuming without repeating or skipping a version, and the
-readers of a rewritten metrics.jsonl. The test through the real supervisor is in test_resume_e2e.py."""
+readers of a rewritten metrics.jsonl. The test through the real supervisor is in test_faults_e2e.py."""
 
 from __future__ import annotations
 
