@@ -7,9 +7,10 @@
    it catches up from the announcement the buffer hands a stale producer, and serves the latest version. The other
    producer, asked for rounds right after the kill, serves only whole versions: each token's log-prob is the
    learner's under one published version, never newer than the version its sample names.
-2. `reinforce-ada train` with weights.transport = "dist": buffer, two producers and the learner train 3 steps on the
-   tiny model; no weight file is written anywhere, every producer follows the versions, and the key that seals
-   the rendezvous store is in no log, metric or file of the run but the 0600 buffer snapshot."""
+2. `reinforce-ada train` with weights.transport = "dist": buffer, a producer and the learner train 3 steps on the
+   tiny model; no weight file is written anywhere, the producer follows the versions, and the key that seals
+   the rendezvous store is in no log, metric or file of the run but the 0600 buffer snapshot (a group of several
+   producers is test 1's)."""
 
 from __future__ import annotations
 
@@ -201,13 +202,14 @@ def test_dist_producers_match_the_learner_and_survive_a_kill_mid_broadcast(reali
 
 def test_train_with_dist_through_the_supervisor(tmp_path, tiny_model_dir):
     """`reinforce-ada train` with weights.transport = "dist", on-policy (max_staleness 0: every step waits for
-    the producers to hold the learner's version): 3 steps, both producers follow every version, no file is
-    written, and the learner's log-probs of the trained samples are the producers' (importance ratio 1)."""
+    the producer to hold the learner's version): 3 steps, the producer follows every version, no file is
+    written, and the learner's log-probs of the trained samples are the producer's (importance ratio 1). One
+    producer: each engine start costs ~30 s of CPU, and test 1 has two producers in one broadcast group."""
     steps, weights_dir = 3, tmp_path / "weights"
     cmd = [sys.executable, "-m", "pipeline.cli", "train", "--config", str(REPO / "configs" / "tiny.toml"),
            "--run.dir", str(tmp_path), "--run.name", "dist", "--learner.num_steps", str(steps),
            "--learner.batch_prompts", "16", "--learner.mini_batches", "1", "--learner.checkpoint_every", "0",
-           "--learner.eval_every", "0", "--producers.count", "2", "--producers.engine.enforce_eager", "true",
+           "--learner.eval_every", "0", "--producers.count", "1", "--producers.engine.enforce_eager", "true",
            "--endpoints.router_port", "0",
            "--buffer.max_staleness", "0", "--weights.transport", "dist", "--weights.dir", str(weights_dir),
            "--weights.dist_timeout_s", "30", "--weights.dist_wait_s", "2"]
@@ -222,8 +224,7 @@ def test_train_with_dist_through_the_supervisor(tmp_path, tiny_model_dir):
         assert r["weight_publishes"] == r["step"] and r["weight_broadcast_failures"] == 0
         assert r["staleness_max"] == 0 and r["buffer/weights_refused"] == 0  # the buffer relayed every version
         assert r["ratio_max"] <= 1 + 1e-4 and r["kl_behaviour"] <= 1e-7  # the producers' weights are the learner's
-    for name in ("producer-0", "producer-1"):
-        assert f"loaded weights version {steps - 1}" in logs[name], logs[name][-3000:]
+    assert f"loaded weights version {steps - 1}" in logs["producer-0"], logs["producer-0"][-3000:]
     assert "weights: version" in logs["learner"]
     assert not weights_dir.exists() or not any(weights_dir.iterdir())  # nothing went through a file
     snapshot = run / "buffer" / "snapshot.msgpack"  # the buffer keeps the latest announcement, with its key
