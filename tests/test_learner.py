@@ -266,29 +266,38 @@ def test_one_nonfinite_minibatch_skips_only_its_step(tiny, groups, tmp_path):
     assert all(torch.isfinite(t).all() for t in learner.state_dict_for_publish().values())
 
 
+NAN_SETUPS = ("ddp_nan", "zero0_nan", "zero2_nan", "zero3_nan")
+BACKEND_SETUPS = ("ddp", "zero2", "zero3", "zero3_resume")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tiny, groups, tmp_path_factory):
+    """learner_worker.py's two-rank setups (the backends, the NaN skips, the rank messages) in one torchrun: each
+    launch costs two ranks' imports of torch and DeepSpeed. (out_dir, the launch's CompletedProcess)."""
+    out = tmp_path_factory.mktemp("two-ranks")
+    gfile = out / "groups.bin"
+    save_groups(groups, gfile)
+    return out, _torchrun(tiny, gfile, out, *BACKEND_SETUPS, *NAN_SETUPS, "ranks")
+
+
 @pytest.mark.slow
-def test_nonfinite_batch_is_skipped_on_every_rank_ddp_zero(tiny, groups, tmp_path):
+def test_nonfinite_batch_is_skipped_on_every_rank_ddp_zero(two_ranks):
     """The NaN sits in one sample, so on one rank only: every rank must skip the same steps (DDP, ZeRO-0/2/3),
     and the next clean batch trains exactly (loss, gradient norm, lr) like a fresh learner's first."""
-    gfile = tmp_path / "groups.bin"
-    save_groups(groups, gfile)
-    setups = ("ddp_nan", "zero0_nan", "zero2_nan", "zero3_nan")
-    proc = _torchrun(tiny, gfile, tmp_path, *setups)
+    out, proc = two_ranks
     assert proc.returncode == 0, proc.stderr[-4000:]
-    for name in setups:
-        m = json.loads((tmp_path / name / "metrics.json").read_text())
+    for name in NAN_SETUPS:
+        m = json.loads((out / name / "metrics.json").read_text())
         assert m["skipped_steps"] == 2 and m["optimizer_steps"] == 0 and m["unchanged"], (name, m)
         assert m["got"] == m["expected"], name
 
 
 @pytest.mark.slow
-def test_rank_messages_reach_every_rank(groups, tmp_path):
+def test_rank_messages_reach_every_rank(two_ranks):
     """Rank 0's batch (as protocol frames), error and stop arrive typed on rank 1, through tensors (no pickle)."""
-    gfile = tmp_path / "groups.bin"
-    save_groups(groups, gfile)
-    proc = _torchrun(tmp_path, gfile, tmp_path, "ranks")
+    out, proc = two_ranks
     assert proc.returncode == 0, proc.stderr[-4000:]
-    got = json.loads((tmp_path / "ranks.json").read_text())
+    got = json.loads((out / "ranks.json").read_text())
     assert got == {"kinds": ["BatchFrames", "RankError", "Stop"], "same_batch": True,
                    "error": "no batch arrived: check the buffer", "stop": "done"}
 
@@ -308,26 +317,25 @@ def _torchrun2(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_backends_agree_torch_ddp_zero2_zero3(tiny, groups, tmp_path):
+def test_backends_agree_torch_ddp_zero2_zero3(tiny, groups, two_ranks, tmp_path):
     """One process, DDP (2 ranks, gloo) and DeepSpeed ZeRO-2/3 (2 ranks): same losses and published weights;
     and a ZeRO-3 learner resumed from its checkpoint repeats the next loss."""
-    gfile = tmp_path / "groups.bin"
-    save_groups(groups, gfile)
+    out, proc = two_ranks
+    gfile = out / "groups.bin"
     run_setups(tiny, gfile, tmp_path, 2, ["torch"])
-    proc = _torchrun(tiny, gfile, tmp_path, "ddp", "zero2", "zero3", "zero3_resume")
     assert proc.returncode == 0, proc.stderr[-4000:]
     ref_losses = json.loads((tmp_path / "torch" / "metrics.json").read_text())["losses"]
     ref = dict(iter_file(tmp_path / "torch" / "v000002.safetensors"))
     for name in ("ddp", "zero2", "zero3"):
-        meta = json.loads((tmp_path / name / "metrics.json").read_text())
+        meta = json.loads((out / name / "metrics.json").read_text())
         assert meta["world_size"] == 2
         assert meta["losses"] == pytest.approx(ref_losses, rel=1e-5, abs=1e-7), name
-        got = dict(iter_file(tmp_path / name / "v000002.safetensors"))
+        got = dict(iter_file(out / name / "v000002.safetensors"))
         assert got.keys() == ref.keys(), name
         for k in ref:
             torch.testing.assert_close(got[k], ref[k], atol=2e-6, rtol=1e-5, msg=f"{name}: {k}")
     assert load_groups(gfile)[0].prompt_id == groups[0].prompt_id
-    resumed = json.loads((tmp_path / "zero3_resume" / "metrics.json").read_text())
+    resumed = json.loads((out / "zero3_resume" / "metrics.json").read_text())
     assert resumed["got"] == pytest.approx(resumed["expected"], rel=1e-6, abs=1e-9)
     assert resumed["extra"] == "blob" and resumed["version"] == 2
 
