@@ -171,3 +171,40 @@ def test_select_prompts_writes_the_input_rows_back(tmp_path, run_cli):
     again = load_dataset(out, extra_keys=["extra_info.aliases"])  # the same keys read the selection
     assert [ex.extras for ex in again] == [{"aliases": r["extra_info"]["aliases"]} for r in rows]
     assert again[0].messages == tuple(rows[0]["prompt"])
+
+
+def test_vllm_serves_the_tiny_model_as_transformers_does(run_cli, tiny_model_dir):
+    """The built tiny model in vLLM (the module's engine, as `eval` builds it): the tokenizer's prompt ids (BOS
+    included), completions that decode to their text, log-probs of transformers' (float32, both temperatures), and
+    answers that end with </s>."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from vllm import SamplingParams
+
+    from pipeline import offline
+    from pipeline import tiny_model as tm
+    from pipeline.config import load_config
+
+    llm = offline.make_llm(load_config(None, ENGINE), str(tiny_model_dir))  # the module's engine, shared
+    prompts = [tm.PROMPT_TEMPLATE.format(problem=ex.problem) for ex in make_arithmetic(8, seed=99)]
+    results = {t: llm.generate(prompts, SamplingParams(temperature=t, logprobs=0, n=4, seed=1, max_tokens=8),
+                               use_tqdm=False) for t in (1.0, 0.7)}
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    worst, num_stopped = 0.0, 0
+    for temperature, outputs in results.items():
+        for prompt, out in zip(prompts, outputs):
+            assert list(out.prompt_token_ids) == tok(prompt)["input_ids"]  # same BOS handling
+            for comp in out.outputs:
+                num_stopped += comp.finish_reason == "stop"
+                assert comp.text == tok.decode(comp.token_ids, skip_special_tokens=True)
+                ids = list(out.prompt_token_ids) + list(comp.token_ids)
+                with torch.no_grad():
+                    logits_TV = model(input_ids=torch.tensor([ids])).logits[0]
+                ref_TV = torch.log_softmax(logits_TV / temperature, dim=-1)
+                start = len(out.prompt_token_ids) - 1  # the logits at t predict the token at t + 1
+                for i, token in enumerate(comp.token_ids):
+                    got = comp.logprobs[i][token].logprob
+                    worst = max(worst, abs(got - ref_TV[start + i, token].item()))
+    assert worst <= 1e-3, worst
+    assert num_stopped >= len(prompts) * 4  # at least half of the 2 x 8 x 4 completions end with </s>
