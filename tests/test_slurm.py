@@ -1,7 +1,7 @@
 """`reinforce-ada slurm`: the sbatch script it writes places the run's processes as documented, and trains the
 tiny config end to end: through a real sbatch where a Slurm answers (`.ci/slurm-up` starts a single-node one), else
-through stand-ins for srun and scontrol (tests/support/fake_slurm) that run every step on this machine. A producer
-killed mid-run is restarted by the script."""
+through stand-ins for srun and scontrol (tests/support/fake_slurm) that run every step on this machine. The buffer
+killed mid-run is restarted by the script, from its snapshot."""
 
 import os
 import shutil
@@ -63,7 +63,7 @@ def _steps(run: Path) -> int:
 
 
 @pytest.mark.slow
-def test_the_script_trains_and_restarts_a_killed_producer(tmp_path, tiny_model_dir):
+def test_the_script_trains_and_restarts_a_killed_buffer_from_its_snapshot(tmp_path, tiny_model_dir):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -72,7 +72,8 @@ def test_the_script_trains_and_restarts_a_killed_producer(tmp_path, tiny_model_d
                     "--run.dir", str(tmp_path), "--run.name", "slurm", "--nodes", "1", "--learner.num_steps", "8",
                     "--learner.eval_every", "0", "--endpoints.router_port", str(port),
                     # one producer, eager: each engine start costs about 30 s of CPU (vLLM's imports in three
-                    # processes, and compilation unless eager); its kill and restart is what is tested
+                    # processes, and compilation unless eager); the buffer is the one killed: the script's restart
+                    # loop is the same for every process, and the buffer's adds --resume
                     "--producers.count", "1", "--producers.engine.enforce_eager", "true"],
                    cwd=REPO, check=True, timeout=300)
     script = run / "run.sbatch"
@@ -90,7 +91,7 @@ def test_the_script_trains_and_restarts_a_killed_producer(tmp_path, tiny_model_d
         while _steps(run) < 2:
             assert proc.poll() is None and time.monotonic() < end, proc.stdout.read()[-3000:]
             time.sleep(0.5)
-        os.kill(_pid_of(str(run / "config.toml"), "producer-0"), signal.SIGKILL)
+        os.kill(_pid_of(str(run / "config.toml"), " buffer "), signal.SIGKILL)
         out, _ = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None and real:
@@ -101,7 +102,8 @@ def test_the_script_trains_and_restarts_a_killed_producer(tmp_path, tiny_model_d
     if real:
         out = "".join(p.read_text() for p in (run / "logs").glob("slurm-*.out"))
     assert proc.returncode == 0, out[-3000:]
-    assert "producer-0 exited with code" in out and "restarting it (1)" in out, out[-3000:]
+    assert "buffer exited with code" in out and "restarting it (1)" in out, out[-3000:]
+    assert "resum" in (run / "logs" / "buffer.log").read_text(errors="replace").rsplit("\n==== ", 1)[-1]
     assert "the learner exited with code 0" in out, out[-3000:]
     assert _steps(run) >= 8
     assert (run / "checkpoints").is_dir()
