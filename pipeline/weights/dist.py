@@ -107,16 +107,22 @@ class DistPublisher:
         self.max_members = max_members
         # bind the store to dist_host only (TCPStore itself would listen on every interface)
         try:
-            self._sock = socket.create_server((self.host.strip("[]"), wc.dist_port),
-                                              family=socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+            sock = socket.create_server((self.host.strip("[]"), wc.dist_port),
+                                        family=socket.AF_INET6 if ":" in self.host else socket.AF_INET)
         except OSError as exc:
             raise ValueError(f"weights.dist_host / dist_port: cannot listen on {self.host}:{wc.dist_port} ({exc}); "
                              "dist_host must be an address of the learner rank 0's machine that producers reach, "
                              "and dist_port a free port (or 0)") from exc
-        self.port = self._sock.getsockname()[1]
-        self.store = TCPStore(self.host.strip("[]"), self.port, is_master=True, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=self.timeout_s),
-                              master_listen_fd=self._sock.fileno())
+        self.port = sock.getsockname()[1]
+        try:
+            self.store = TCPStore(self.host.strip("[]"), self.port, is_master=True, wait_for_workers=False,
+                                  timeout=datetime.timedelta(seconds=self.timeout_s), master_listen_fd=sock.fileno())
+        except BaseException:
+            sock.close()
+            raise
+        # the store owns the listening fd now and closes it when it is destroyed; closing it here as well would close
+        # whatever this process had opened under that number in between (another store's socket, a member's)
+        sock.detach()
         self._marked = 0.0  # when the LEARNER marker was last written
         self._mark()  # before any announcement can name this store
         self._lock = threading.Lock()
@@ -164,10 +170,7 @@ class DistPublisher:
         if self._group is not None:
             self._group.close()
             self._group = None
-        try:
-            self._sock.close()
-        except OSError:  # the store was handed this listening socket's fd and may have closed it first (seen in CI)
-            pass
+        self.store = None  # the last reference (unless a late sender still holds it): the store and its fd close now
 
     # ---- the sender thread ----
 
