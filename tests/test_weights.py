@@ -238,6 +238,24 @@ def dist_cfg():
 OVERRIDES = ["--weights.transport", "dist", "--weights.dist_timeout_s", "5", "--weights.dist_wait_s", "2"]
 
 
+def _sent(stats: dict[str, float]) -> float:
+    return stats["weight_broadcasts"] + stats["weight_broadcast_failures"]
+
+
+def _counted(pub, before: float, timeout_s: float = 30.0) -> dict[str, float]:
+    """The publisher's stats once its sender counted the broadcast the members just finished (rank 0 counts it when
+    its last send returns, which can come after the members hold their tensors) and nothing moves any more."""
+    end = time.monotonic() + timeout_s
+    while True:
+        stats = pub.stats()
+        if _sent(stats) > before:
+            time.sleep(0.3)
+            if pub.stats() == stats:
+                return stats
+        assert time.monotonic() < end, f"the sender never counted the broadcast: {stats}"
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
 def test_dist_group_is_kept_while_its_members_stay_and_reformed_for_a_late_joiner(dist_cfg):
     from pipeline.weights.dist import DistPublisher
@@ -249,13 +267,14 @@ def test_dist_group_is_kept_while_its_members_stay_and_reformed_for_a_late_joine
         history = []
         for v in (1, 2, 3):  # version 1 meets the members as they start, one by one or together
             state["x"].add_(1.0)
+            before = _sent(pub.stats())
             ann = pub.publish(state, v)
             assert ann.uri == dist_uri("127.0.0.1", pub.port, v) and ann.num_bytes >= 1_200_000
             for m in members:
                 m.load(ann)
             for m in members:
                 assert m.result() == {"ok": True, "version": v, "sums": _sums(state)}
-            history.append(pub.stats())
+            history.append(_counted(pub, before))
         # both asked for version 3 as members of the group that version 2 formed: one broadcast, same group
         assert history[2]["weight_broadcasts"] == history[1]["weight_broadcasts"] + 1
         assert history[2]["weight_group_forms"] == history[1]["weight_group_forms"]
@@ -266,12 +285,13 @@ def test_dist_group_is_kept_while_its_members_stay_and_reformed_for_a_late_joine
         assert late.result() == {"ok": True, "version": 3, "sums": _sums(state)}
         assert pub.stats()["weight_group_forms"] == history[2]["weight_group_forms"] + 1
         state["x"].mul_(-1.0)
+        before = _sent(pub.stats())
         ann = pub.publish(state, 4)
         for m in members:
             m.load(ann)
         for m in members:  # version 4 re-forms the group with all three
             assert m.result() == {"ok": True, "version": 4, "sums": _sums(state)}
-        stats = pub.stats()
+        stats = _counted(pub, before)
         assert stats["weight_group_forms"] == history[2]["weight_group_forms"] + 2 and stats["weight_group_size"] == 3
         assert stats["weight_broadcast_failures"] == 0
     finally:
