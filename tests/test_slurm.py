@@ -103,7 +103,8 @@ def test_the_script_trains_and_restarts_a_killed_buffer_from_its_snapshot(tmp_pa
         out = "".join(p.read_text() for p in (run / "logs").glob("slurm-*.out"))
     assert proc.returncode == 0, out[-3000:]
     assert "buffer exited with code" in out and "restarting it (1)" in out, out[-3000:]
-    assert "resum" in (run / "logs" / "buffer.log").read_text(errors="replace").rsplit("\n==== ", 1)[-1]
+    restarted = (run / "logs" / "buffer.log").read_text(errors="replace").rsplit("\n==== ", 1)[-1]
+    assert "resumed from" in restarted and "starting fresh" not in restarted, restarted[-3000:]  # its snapshot
     assert "the learner exited with code 0" in out, out[-3000:]
     assert _steps(run) >= 8
     assert (run / "checkpoints").is_dir()
