@@ -40,6 +40,7 @@ import json, os, sys, time
 from vllm import LLM, SamplingParams
 from transformers import AutoTokenizer
 from pipeline.data import load_dataset, render_prompt
+from pipeline.producer.engine import UNIPROC_EXECUTOR
 if __name__ == "__main__":
     model, data, k, new_tokens, part, parts, eager = sys.argv[1:8]
     k, new_tokens, part, parts = int(k), int(new_tokens), int(part), int(parts)
@@ -47,7 +48,7 @@ if __name__ == "__main__":
     exs = load_dataset(data)[part::parts]
     prompts = [render_prompt(ex.problem, "auto", tok) for ex in exs]
     llm = LLM(model=model, max_model_len=1024, seed=0, enable_chunked_prefill=False, max_num_batched_tokens=4096,
-              enforce_eager=eager == "1")
+              enforce_eager=eager == "1", distributed_executor_backend=UNIPROC_EXECUTOR)  # as a producer's engine
     llm.generate(prompts[:8], SamplingParams(n=k, max_tokens=new_tokens, seed=1), use_tqdm=False)  # warm-up
     t0 = time.perf_counter()
     outs = llm.generate(prompts, [SamplingParams(n=k, max_tokens=new_tokens, seed=i) for i in range(len(prompts))],

@@ -87,6 +87,28 @@ def test_engine_kwargs(tmp_path):
     assert engine_kwargs(str(tmp_path), "float32", EngineConfig(), 0)["max_model_len"] == 4096  # vLLM decides
 
 
+def test_a_one_rank_cpu_engine_runs_in_process_with_the_cores_a_worker_would_have(monkeypatch):
+    from pipeline.producer.engine import UNIPROC_EXECUTOR, configure_cpu_env
+
+    cpu = engine_kwargs("m", "float32", EngineConfig(), 0, cpu=True)
+    assert cpu["distributed_executor_backend"] == UNIPROC_EXECUTOR
+    assert "distributed_executor_backend" not in engine_kwargs("m", "float32", EngineConfig(), 0)  # GPUs: vLLM's
+    assert "distributed_executor_backend" not in engine_kwargs("m", "float32", EngineConfig(tensor_parallel_size=2),
+                                                               0, cpu=True)
+    mp = EngineConfig(extra={"distributed_executor_backend": "mp"})
+    assert engine_kwargs("m", "float32", mp, 0, cpu=True)["distributed_executor_backend"] == "mp"  # extra wins
+    for key in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    configure_cpu_env(EngineConfig())
+    assert os.environ["OMP_NUM_THREADS"] == "3"  # one core left to the engine core's loop, as vLLM's worker has
+    configure_cpu_env(EngineConfig(cpu_threads=2))
+    assert os.environ["OMP_NUM_THREADS"] == "2"
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")  # the user's own setting stays
+    configure_cpu_env(EngineConfig())
+    assert os.environ["OMP_NUM_THREADS"] == "5"
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--connect", "127.0.0.1:5555", "--sampling.round_sise", "4"], "did you mean"),
     (["--connect", "nohost", "--model", "/x"], "HOST:PORT"),
@@ -397,6 +419,16 @@ def test_engine_logprobs_match_transformers(engine, models, temperature):
         assert len(c.token_ids) == len(c.logprobs) > 0 and c.version == eng.version
         ref = _hf_logprobs(models[1][0], PROMPT_IDS, c.token_ids.tolist(), temperature)
         assert np.abs(ref - c.logprobs).max() <= 1e-3
+
+
+@pytest.mark.slow
+def test_the_engine_core_runs_the_model_itself(engine):
+    """No worker process beside the engine core (engine_kwargs' in-process executor on the CPU)."""
+    import psutil
+
+    cores = [p for p in psutil.Process().children() if "EngineCore" in " ".join(p.cmdline()) + p.name()]
+    assert len(cores) == 1, [(p.name(), p.cmdline()) for p in psutil.Process().children()]
+    assert [p.name() for p in cores[0].children(recursive=True) if "Worker" in p.name()] == []
 
 
 @pytest.mark.slow

@@ -244,7 +244,8 @@ class EngineConfig(Section):
     max_num_seqs: Annotated[int, Meta(ge=1, description="concurrent sequences per engine")] = 256
     cpu_kv_cache_gb: Annotated[float, Meta(gt=0, description="KV cache size on the CPU backend "
                                                              "(VLLM_CPU_KVCACHE_SPACE)")] = 1.0
-    cpu_threads: Annotated[int, Meta(ge=0, description="torch threads per CPU engine (0 = let vLLM choose)")] = 0
+    cpu_threads: Annotated[int, Meta(ge=0, description="torch threads per CPU engine (0 = the cores the "
+                                                       "producer may use (cpu_cores) less one, at least 1)")] = 0
     cpu_cores: Annotated[int | str, Meta(description='pin each producer and its engine to these CPU cores, e.g. "1" or '
                                                '"4-7" ("" = no pinning; vLLM binds its threads itself)')] = ""
     extra: Annotated[dict[str, Any], Meta(description="further vllm.AsyncEngineArgs keyword arguments, passed as "

@@ -41,6 +41,9 @@ from pipeline.protocol import RoundAssignment
 log = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "pipeline.producer.worker_ext.WeightReloadExtension"
+# vLLM's in-process executor, named by its qualified name (vLLM resolves it) so that building the arguments imports
+# nothing. vLLM's CPU platform turns the name "uni" into "mp" (a worker process beside the engine core process).
+UNIPROC_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
 CPU_BATCHED_TOKENS = 4096  # tokens per engine step on the CPU backend (vLLM's own CPU default)
 
 
@@ -99,7 +102,9 @@ def engine_kwargs(model_path: str, model_dtype: str, engine_cfg: EngineConfig, s
     `cpu`: the engine runs on vLLM's CPU backend. Every sample carries its own seed (reproducible sampling); the
     CPU backend cannot rewind a request's generator after a partial prefill (chunked prefill of a long prompt:
     "CPU Generator does not use offset", and the engine dies), so there chunked prefill is off and one step's
-    token budget holds any whole prompt.
+    token budget holds any whole prompt. A one-rank CPU engine runs its model inside the engine core process
+    (vLLM's in-process executor, its default for one GPU): vLLM's CPU default adds a worker process, which costs
+    a second import of vLLM at every start (~10 s of CPU) and reserves one core for the engine core's loop.
     """
     max_len = engine_cfg.max_model_len
     model_max = model_max_len(model_path)
@@ -124,6 +129,8 @@ def engine_kwargs(model_path: str, model_dtype: str, engine_cfg: EngineConfig, s
     if cpu:
         kwargs.update(enable_chunked_prefill=False,
                       max_num_batched_tokens=max(max_len, engine_cfg.max_num_seqs, CPU_BATCHED_TOKENS))
+        if engine_cfg.tensor_parallel_size == 1:
+            kwargs.update(distributed_executor_backend=UNIPROC_EXECUTOR)
     kwargs.update(engine_cfg.extra)
     if cpu and kwargs.get("enable_chunked_prefill"):
         raise ValueError("producers.engine.extra: enable_chunked_prefill = true crashes vLLM's CPU backend with "
@@ -145,6 +152,10 @@ def configure_cpu_env(engine_cfg: EngineConfig) -> None:
         # no core pinning: several producers on one machine would otherwise pin the same cores
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
         os.environ["OMP_NUM_THREADS"] = str(engine_cfg.cpu_threads)
+    elif engine_cfg.tensor_parallel_size == 1 and "distributed_executor_backend" not in engine_cfg.extra:
+        # the in-process executor (engine_kwargs) runs torch with 1 thread unless told: give it the threads vLLM's
+        # worker process would have had (every core this process may use but one, left to the engine core's loop)
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) - 1)))
 
 
 class Engine:
