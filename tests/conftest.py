@@ -14,10 +14,10 @@ TINY_MODEL_DIR = ROOT / ".cache" / "tiny-model"
 
 @pytest.hookimpl(trylast=True)  # after -m / -k deselection: only the tests that will run count
 def pytest_collection_modifyitems(config, items):
-    """Slow tests first, in file order, then the rest: with `make test`'s two workers (`-n 2 --dist loadgroup
+    """Slow tests first, in file order, then the rest: with `make test`'s workers (`-n 3 --dist loadgroup
     --no-loadscope-reorder`: a worker takes the next test or group when it runs low) the long multi-process tests
     start at once and the many short ones fill the gaps at the end, instead of one long test running alone while the
-    other worker idles. The tests that share a module-scoped fixture (a vLLM engine, a Ray cluster: tens of seconds
+    other workers idle. The tests that share a module-scoped fixture (a vLLM engine, a Ray cluster: tens of seconds
     of CPU to start) form one group, so one worker starts it once; split between workers, both started it."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     for item in items:
