@@ -6,11 +6,12 @@ EXTRAS ?= cpu,deepspeed,dev
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell printf '%s' "$(EXTRAS)" | tr ',' '-')
 PYTEST_ARGS ?=
-# three pytest-xdist workers on two cores: the multi-process tests wait on one another's processes (engine starts, a
-# Ray cluster, restarts), and a third worker fills those waits (the suite: 1024 s with two workers, 882 s with three,
-# models built, on a quiet 2-core machine). Slow tests first (tests/conftest.py); each worker takes the next test (or
-# group of tests sharing a module's fixture) when it runs low. PYTEST_XDIST="-p no:xdist" runs it in one process.
-PYTEST_XDIST ?= -n 3 --dist loadgroup --no-loadscope-reorder
+# four pytest-xdist workers on two cores: the multi-process tests wait on their processes (engine starts, a Ray
+# cluster, restarts), and the extra workers fill those waits (models built, quiet 2-core machine: 1024 s with two
+# workers, 882 s with three, 806 s with four; tests/conftest.py gives every process one OpenMP thread). Slow tests
+# first (tests/conftest.py); each worker takes the next test (or group of tests sharing a module's fixture) when it
+# runs low. PYTEST_XDIST="-p no:xdist" runs the suite in one process.
+PYTEST_XDIST ?= -n 4 --dist loadgroup --no-loadscope-reorder
 
 .PHONY: install run test test-fast bench lint clean
 
