@@ -67,7 +67,7 @@ def _start_model_builds(config, items) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    """The tiny arithmetic model (seed 0), built once per checkout (~1-2 min on 2 cores) and then reused."""
+    """The tiny arithmetic model (seed 0), copied once per checkout from the shipped build and then reused."""
     from pipeline.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model(TINY_MODEL_DIR, seed=0)

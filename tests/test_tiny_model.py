@@ -133,6 +133,23 @@ def test_ensure_reuses_a_current_build(tiny_model_dir, capsys):
     assert (tiny_model_dir / "model.safetensors").stat().st_mtime_ns == before
 
 
+def test_the_shipped_seed_0_build_is_current_and_copied_instead_of_built(tmp_path, monkeypatch):
+    assert tm.is_current(tm.SHIPPED, 0), ("pipeline/assets/tiny-model is not of this builder's version: refresh it "
+                                          "with `reinforce-ada make-tiny-model --out pipeline/assets/tiny-model "
+                                          "--force` and commit it")
+    monkeypatch.setattr(tm, "build_tiny_model", lambda *a, **k: pytest.fail("seed 0 was built, not copied"))
+    out = tm.ensure_tiny_model(tmp_path / "m", seed=0, log=lambda *_: None)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in tm.SHIPPED.iterdir())
+    assert (out / "model.safetensors").read_bytes() == (tm.SHIPPED / "model.safetensors").read_bytes()
+    calls = []
+    monkeypatch.setattr(tm, "build_tiny_model", lambda out_dir, seed=0, log=print: calls.append(seed) or
+                        (Path(out_dir) / tm.STATS_FILE).write_text(json.dumps({"builder_version": tm.BUILDER_VERSION,
+                                                                               "seed": seed})))
+    tm.ensure_tiny_model(tmp_path / "m", seed=0, force=True)  # --force builds from scratch
+    tm.ensure_tiny_model(tmp_path / "s1", seed=1)  # other seeds are built
+    assert calls == [0, 1]
+
+
 def test_ensure_rebuilds_stale_once_under_concurrency_and_guards_foreign_dirs(tmp_path, monkeypatch):
     calls = []
 
