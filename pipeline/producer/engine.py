@@ -129,13 +129,19 @@ def engine_kwargs(model_path: str, model_dtype: str, engine_cfg: EngineConfig, s
     if cpu:
         kwargs.update(enable_chunked_prefill=False,
                       max_num_batched_tokens=max(max_len, engine_cfg.max_num_seqs, CPU_BATCHED_TOKENS))
-        if engine_cfg.tensor_parallel_size == 1:
+        if runs_in_process(engine_cfg):
             kwargs.update(distributed_executor_backend=UNIPROC_EXECUTOR)
     kwargs.update(engine_cfg.extra)
     if cpu and kwargs.get("enable_chunked_prefill"):
         raise ValueError("producers.engine.extra: enable_chunked_prefill = true crashes vLLM's CPU backend with "
                          "per-sample seeds (\"CPU Generator does not use offset\"); remove it from the config")
     return kwargs
+
+
+def runs_in_process(engine_cfg: EngineConfig) -> bool:
+    """A CPU engine runs its model in the engine core process (engine_kwargs), unless it has several ranks or
+    `producers.engine.extra` names an executor of its own."""
+    return engine_cfg.tensor_parallel_size == 1 and "distributed_executor_backend" not in engine_cfg.extra
 
 
 CPU_SHUTDOWN_S = 1.0  # how long a CPU engine core may take to exit before it is killed (Engine.shutdown)
@@ -152,7 +158,7 @@ def configure_cpu_env(engine_cfg: EngineConfig) -> None:
         # no core pinning: several producers on one machine would otherwise pin the same cores
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
         os.environ["OMP_NUM_THREADS"] = str(engine_cfg.cpu_threads)
-    elif engine_cfg.tensor_parallel_size == 1 and "distributed_executor_backend" not in engine_cfg.extra:
+    elif runs_in_process(engine_cfg):
         # the in-process executor (engine_kwargs) runs torch with 1 thread unless told: give it the threads vLLM's
         # worker process would have had (every core this process may use but one, left to the engine core's loop)
         os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) - 1)))
