@@ -35,6 +35,7 @@ import os
 import secrets
 import socket
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -149,25 +150,54 @@ def unique_identity(name: str) -> str:
     return f"{name}-{os.getpid()}-{secrets.token_hex(8)}"
 
 
-def free_port() -> int:
+# Ports handed out by free_port lie below the kernel's ephemeral range. A port from bind(0) lies inside it, where
+# any outgoing connection may take it as its source port before the buffer binds it: "Address already in use" at
+# start-up, or worse, a client that connects before the buffer listens ends up connected to itself (TCP
+# self-connect: source port = destination port) and talks to itself for good, no refusal, no reply. Below the
+# range only an explicit bind can take a port.
+PORT_FLOOR = 10_000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default; other systems' ranges start higher (49152)
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("", port))  # every interface: a port another process holds on any address is not free
+        except OSError:
+            return False
+    return True
+
+
+def free_port(span: int = 1) -> int:
+    """A TCP port P such that P .. P + span - 1 are free now on every interface, chosen at random below the
+    kernel's ephemeral range (see PORT_FLOOR), so that only another explicit bind can take it before it is used.
+    Falls back to one from the kernel (bind to port 0) where that range leaves no room below it."""
+    top = _ephemeral_start() - span
+    for _ in range(200):
+        if top <= PORT_FLOOR:
+            break
+        port = PORT_FLOOR + secrets.randbelow(top - PORT_FLOOR)  # not `random`: tests seed it alike in each process
+        if all(_bindable(port + i) for i in range(span)):
+            return port
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        if port + span <= 65_536 and all(_bindable(port + i) for i in range(1, span)):
+            return port
+    raise OSError(f"no {span} consecutive free TCP ports found")
 
 
 def free_port_pair() -> int:
     """A free port P whose successor P + 1 is free too (the router and control ports of a buffer)."""
-    for _ in range(100):
-        port = free_port()
-        if port >= 65535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise OSError("no free pair of consecutive TCP ports found on 127.0.0.1")
+    return free_port(span=2)
 
 
 def parse_connect(spec: str, control_port: int | None = None) -> tuple[str, str]:

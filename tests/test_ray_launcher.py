@@ -8,7 +8,6 @@ import fcntl
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,17 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.transport import free_port
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).parents[1]
 RAY = str(Path(sys.executable).parent / "ray")
 NODE_ARGS = ["--node-ip-address", "127.0.0.1", "--num-cpus", "4", "--object-store-memory", str(80 << 20),
              "--disable-usage-stats"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _node_ids(address: str) -> dict[str, str]:
@@ -49,7 +44,7 @@ def cluster():
 
 
 def _cluster():
-    port = _free_port()
+    port = free_port()
     temp = tempfile.mkdtemp(prefix="ra-", dir="/tmp")  # short: Ray's socket paths live under it
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     address = f"127.0.0.1:{port}"
@@ -131,7 +126,7 @@ def test_a_run_on_two_ray_nodes_places_by_resource_spreads_the_learner_and_survi
 
 def test_no_cluster_is_a_config_error_that_says_how_to_start_one(tmp_path):
     cmd = [sys.executable, "-m", "pipeline.cli", "train", "--run.dir", str(tmp_path), "--run.launcher", "ray",
-           "--run.ray_address", f"127.0.0.1:{_free_port()}"]
+           "--run.ray_address", f"127.0.0.1:{free_port()}"]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "run.ray_address: no Ray cluster" in out.stderr and "ray start --head" in out.stderr, out.stderr

@@ -242,3 +242,26 @@ def test_evaluations_show_one_curve_per_benchmark(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "0.243 at version 0 -> 0.329 at version 20 | math500 Ave 0.400" in out
     assert (run / "plots" / "accuracy.png").is_file()
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_skip_held_ones(tmp_path, monkeypatch):
+    """The supervisor's ports come from below the kernel's ephemeral range (an outgoing connection cannot take
+    them as its source port before the buffer binds) and a port held on any interface is never handed out."""
+    import secrets
+    import socket
+
+    from pipeline import transport
+
+    (tmp_path / "range").write_text("30000\t60999\n")
+    monkeypatch.setattr(transport, "EPHEMERAL_RANGE", tmp_path / "range")
+    for _ in range(50):
+        port = transport.free_port_pair()
+        assert transport.PORT_FLOOR <= port and port + 1 < 30000
+    with socket.socket() as held:
+        held.bind(("", transport.free_port()))
+        taken = held.getsockname()[1]
+        picks = iter([taken - transport.PORT_FLOOR - 1, taken - transport.PORT_FLOOR, 5])
+        monkeypatch.setattr(secrets, "randbelow", lambda n: next(picks))
+        assert transport.free_port_pair() == transport.PORT_FLOOR + 5  # taken - 1 .. taken, then taken: skipped
+    (tmp_path / "range").write_text("10001 60999\n")  # no room below the range: the kernel's choice
+    assert transport.free_port() > 0

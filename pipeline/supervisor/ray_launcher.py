@@ -30,6 +30,7 @@ from pipeline.config import Config, ConfigError
 from pipeline.supervisor.launchers import Launcher
 from pipeline.supervisor.lifecycle import RunFailed
 from pipeline.supervisor.procs import Child
+from pipeline.transport import free_port
 
 WILDCARD = ("0.0.0.0", "::", "[::]", "*")
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -62,9 +63,7 @@ class ProcessHost:
 
     def free_port(self) -> int:
         """A TCP port free on this node now (the learner's rendezvous, when its rank 0 runs here)."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return s.getsockname()[1]
+        return free_port()
 
     def start(self, name: str, role: str, cmd: list[str], log_dir: str, env: dict[str, str], cwd: str) -> int:
         if not Path(cwd).is_dir():
