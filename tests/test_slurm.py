@@ -6,7 +6,6 @@ killed mid-run is restarted by the script, from its snapshot."""
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.supervisor.slurm import render
+from pipeline.transport import free_port_pair
 
 REPO = Path(__file__).parents[1]
 FAKE = REPO / "tests" / "support" / "fake_slurm"
@@ -64,9 +64,7 @@ def _steps(run: Path) -> int:
 
 @pytest.mark.slow
 def test_the_script_trains_and_restarts_a_killed_buffer_from_its_snapshot(tmp_path, tiny_model_dir):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port_pair()  # below the ephemeral range: producers reconnect to it while the buffer is down
     run = tmp_path / "slurm"
     subprocess.run([sys.executable, "-m", "pipeline.cli", "slurm", "--config", str(REPO / "configs" / "tiny.toml"),
                     "--run.dir", str(tmp_path), "--run.name", "slurm", "--nodes", "1", "--learner.num_steps", "8",
