@@ -18,7 +18,8 @@ Key directory layout (`make_keys`):
     producer.key, producer.key_secret      the producers' pair (producer machines)
     learner.key, learner.key_secret        the learner's pair (the learner's machine only)
     NAME.key, NAME.key_secret              with `make_keys(dir, producers)`: producer NAME's own pair, in place of
-                                           the shared producer pair (a run's own keys)
+                                           the shared producer pair (a run's own keys; `reinforce-ada keys
+                                           --producer NAME`); `add_producer_keys` adds one to a directory
     authorized/producer/*.key              public keys admitted as producers
     authorized/learner/*.key               public keys admitted as the learner
 
@@ -60,31 +61,59 @@ class SecurityError(ValueError):
 # ---------------------------------------------------------------- CurveZMQ keys
 
 
-def make_keys(keys_dir: str | os.PathLike, producers: tuple[str, ...] | list[str] = ()) -> Path:
-    """Create the server pair and one pair per role under `keys_dir`, each public key admitted in its role. With
-    `producers` (their --id names), each of them gets a pair of its own instead of the one producer pair (a
-    producer presents `<id>.key_secret` when there is one, see `client_key_name`), so that each is one client."""
-    root = Path(keys_dir)
+def _check_producer_names(producers: tuple[str, ...] | list[str]) -> None:
     bad = [p for p in producers if not _KEY_NAME_RE.fullmatch(p) or p in (SERVER_KEY, LEARNER)]
     if bad:
-        raise SecurityError(f"producer names {bad} cannot name key files: use letters, digits, '.', '_' and '-'")
-    clients = {LEARNER: [LEARNER], PRODUCER: list(producers) or [PRODUCER]}
-    if (root / f"{OLD_CLIENT_KEY}.key_secret").exists() or (root / "authorized" / f"{OLD_CLIENT_KEY}.key").exists():
-        raise SecurityError(f"{root} holds keys of the old layout (one client key for every role): make the new "
-                            "keys in an empty directory and replace the old one on every machine")
+        raise SecurityError(f"producer names {bad} cannot name key files: use letters, digits, '.', '_' and '-' "
+                            f"(and neither {SERVER_KEY!r} nor {LEARNER!r})")
+    if len(set(producers)) != len(producers):
+        raise SecurityError(f"producer names {sorted(producers)} repeat a name: each producer needs its own")
+
+
+def _create_pairs(root: Path, names: list[str], role_of: dict[str, str]) -> None:
+    """A key pair per name under `root` (secret halves never readable by others), each public half admitted in
+    its role under authorized/ (names absent from `role_of` are not admitted: the server's)."""
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     umask = os.umask(0o077)  # a secret key is never readable by others, not even between its write and a chmod
     try:
-        for name in (SERVER_KEY, *clients[LEARNER], *clients[PRODUCER]):
+        for name in names:
             zmq.auth.create_certificates(root, name)
             (root / f"{name}.key").chmod(0o644)
     finally:
         os.umask(umask)
     for role in ROLES:
-        admitted = root / "authorized" / role
-        admitted.mkdir(parents=True, exist_ok=True)
-        for name in clients[role]:
-            shutil.copy(root / f"{name}.key", admitted / f"{name}.key")
+        (root / "authorized" / role).mkdir(parents=True, exist_ok=True)
+    for name, role in role_of.items():
+        shutil.copy(root / f"{name}.key", root / "authorized" / role / f"{name}.key")
+
+
+def make_keys(keys_dir: str | os.PathLike, producers: tuple[str, ...] | list[str] = ()) -> Path:
+    """Create the server pair and one pair per role under `keys_dir`, each public key admitted in its role. With
+    `producers` (their --id names), each of them gets a pair of its own instead of the one producer pair (a
+    producer presents `<id>.key_secret` when there is one, see `client_key_name`), so that each is one client."""
+    root = Path(keys_dir)
+    _check_producer_names(producers)
+    if (root / f"{OLD_CLIENT_KEY}.key_secret").exists() or (root / "authorized" / f"{OLD_CLIENT_KEY}.key").exists():
+        raise SecurityError(f"{root} holds keys of the old layout (one client key for every role): make the new "
+                            "keys in an empty directory and replace the old one on every machine")
+    role_of = {LEARNER: LEARNER, **{name: PRODUCER for name in (list(producers) or [PRODUCER])}}
+    _create_pairs(root, [SERVER_KEY, *role_of], role_of)
+    return root
+
+
+def add_producer_keys(keys_dir: str | os.PathLike, producers: list[str]) -> Path:
+    """Add a key pair of its own for each producer in `producers` to an existing key directory, admitted as a
+    producer; the server's and everyone else's keys stay as they are (a running buffer admits them once
+    restarted). A name that has a key already is refused: replacing it would lock out the machine holding it."""
+    root = Path(keys_dir)
+    if not (root / f"{SERVER_KEY}.key_secret").is_file():
+        raise SecurityError(f"{root} holds no server key: make the keys first with `reinforce-ada keys --out {root}`")
+    _check_producer_names(producers)
+    taken = [name for name in producers if (root / f"{name}.key").exists()]
+    if taken:
+        raise SecurityError(f"{root} holds keys for {taken} already: pick new producer names (a producer's --id "
+                            "names its key), or delete those key files and authorized/producer/ entries first")
+    _create_pairs(root, list(producers), dict.fromkeys(producers, PRODUCER))
     return root
 
 

@@ -7,6 +7,7 @@ import argparse
 import difflib
 import importlib
 import sys
+from pathlib import Path
 
 from pipeline.config import ConfigError, dumps_toml, load_config, reference_markdown, update_readme
 
@@ -27,7 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check-config": ("pipeline.cli", "print the resolved config of FILE [overrides], or the error; --markdown: "
                                      "the configuration reference"),
     "make-tiny-model": ("pipeline.tiny_model", "build the tiny character-level arithmetic model"),
-    "keys": ("pipeline.cli", "create CurveZMQ keys, one pair per role (server, producer, learner): --out DIR; or "
+    "keys": ("pipeline.cli", "create CurveZMQ keys, one pair per role (server, producer, learner): --out DIR, with "
+                             "--producer NAME a pair per producer (or added to DIR); or "
                              "a learner token for a loopback run: --learner-token FILE"),
 }
 
@@ -69,24 +71,39 @@ def check_config_main(argv: list[str]) -> int:
 
 
 KEYS_DONE = """wrote CurveZMQ keys to {root}: the buffer's machine needs server.key* and authorized/; a producer's
-machine server.key and producer.key*; the learner's machine server.key and learner.key*. Set endpoints.keys_dir
+machine server.key and {producer}; the learner's machine server.key and learner.key*. Set endpoints.keys_dir
 to the directory on each (`reinforce-ada train` on one machine can use {root} as it is)."""
+ADDED = """added producer keys to {root}: {names}. Copy server.key and NAME.key* to producer NAME's machine (started
+with --id NAME), and restart the buffer with the directory's authorized/ so that it admits them."""
 
 
 def keys_main(argv: list[str]) -> int:
-    from pipeline.auth import SecurityError, create_token, make_keys  # pyzmq: loaded only for this command
+    from pipeline.auth import SERVER_KEY, SecurityError, add_producer_keys, create_token, make_keys  # pyzmq
 
     parser = argparse.ArgumentParser(prog="reinforce-ada keys", description=COMMANDS["keys"][1])
     parser.add_argument("--out", help="directory for the key files (server, producer, learner, authorized/)")
+    parser.add_argument("--producer", metavar="NAME", action="append", default=[],
+                        help="a key pair of its own for producer NAME (its --id), in place of the shared producer "
+                             "pair, so that each producer is one client; repeat for each. On a directory that "
+                             "holds keys already: add NAME's pair to it, leaving every other key as it is")
     parser.add_argument("--learner-token", metavar="FILE",
                         help="write a fresh learner token (mode 0600) for a buffer and learner on loopback without "
                              "keys, e.g. RUN_DIR/learner.token (`reinforce-ada train` keys its runs instead)")
     args = parser.parse_args(argv)
     if not args.out and not args.learner_token:
         parser.error("give --out DIR (CurveZMQ keys) or --learner-token FILE")
+    if args.producer and not args.out:
+        parser.error("--producer needs --out DIR")
     try:
-        if args.out:
-            print(KEYS_DONE.format(root=make_keys(args.out)))
+        if args.out and (Path(args.out) / f"{SERVER_KEY}.key_secret").exists():
+            if not args.producer:
+                raise SecurityError(f"{args.out} holds keys already; new ones would lock out every machine that has "
+                                    "a copy. Use an empty directory, or --producer NAME to add a producer's key")
+            print(ADDED.format(root=add_producer_keys(args.out, args.producer), names=", ".join(args.producer)))
+        elif args.out:
+            owned = (f"NAME.key* for producer NAME ({', '.join(args.producer)}; started with --id NAME)"
+                     if args.producer else "producer.key*")
+            print(KEYS_DONE.format(root=make_keys(args.out, args.producer), producer=owned))
         if args.learner_token:
             print(f"wrote a learner token to {create_token(args.learner_token)}")
     except (SecurityError, OSError) as exc:
