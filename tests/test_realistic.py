@@ -178,3 +178,13 @@ def test_prompts_longer_than_the_context_stop_the_run_at_start(tmp_path):
     assert proc.returncode != 0
     assert "do not fit" in proc.stderr and "max_model_len (64)" in proc.stderr, proc.stderr[-2000:]
     assert not list((tmp_path / "tiny" / "logs").glob("producer-*.log"))  # no engine was started
+
+
+def test_a_build_outside_its_pass_rate_band_raises_and_saves_nothing(tmp_path):
+    """The build's band is enforced, not only its floor: a model that is never right (or always) would make every
+    RL test on it vacuous. One step is far below any floor."""
+    from pipeline.testing.realistic_model import build
+
+    with pytest.raises(RuntimeError, match=r"pass rate 0\.\d\d at T=1.0 after 1 steps is outside \(0.5, 0.6\)"):
+        build(tmp_path / "m", steps=1, check_every=1, target=(0.5, 0.6), log=lambda _: None)
+    assert not (tmp_path / "m" / "model.safetensors").exists()

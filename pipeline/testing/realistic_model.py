@@ -219,7 +219,9 @@ def pass_rate(model, tokenizer, problems: list[tuple[str, str]], seed: int = 0, 
 
 def build(out_dir: str | Path, seed: int = 0, steps: int = 1000, batch_size: int = 16, lr: float = 3e-3,
           target: tuple[float, float] = (0.25, 0.6), log=print, check_every: int = 25) -> dict[str, Any]:
-    """Train until the pass rate at T = 1 reaches target[0] (checked every `check_every` steps).
+    """Train until the pass rate at T = 1 reaches target[0] (checked every `check_every` steps). Raises
+    RuntimeError, saving nothing, when the last check lies outside `target` (never reached its floor in `steps`, or
+    overshot its ceiling between two checks): RL on a model that is always or never right has nothing to learn.
 
     The cost is the training steps (~0.1 s of one core each at batch 16; the tokenizer takes ~2 s, a pass-rate
     check ~0.7 s): the model sits near chance (~0.05) for a few hundred steps, then learns to read A and B.
@@ -268,6 +270,9 @@ def build(out_dir: str | Path, seed: int = 0, steps: int = 1000, batch_size: int
                     break
     finally:
         torch.set_num_threads(threads)
+    if not target[0] <= rate <= target[1]:
+        raise RuntimeError(f"realistic model (seed {seed}): pass rate {rate:.2f} at T=1.0 after {step} steps is "
+                           f"outside {target}; change steps, lr or check_every, or try another seed")
     model.eval()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
