@@ -90,13 +90,16 @@ class WeightAnnouncement(_Msg):
     """Where version `version` of the weights lies, per weights.transport (pipeline/weights/uris.py): a safetensors
     file in the run's weights directory, or dist://HOST:PORT/vN (the learner's rendezvous store).
 
-    `key` (dist only): the hex secret that seals the rendezvous store's requests and plans (weights/dist_sign.py).
-    It travels only on the buffer's authenticated channel: never log or write out an announcement whole."""
+    `key` (dist only): the hex secret that seals the rendezvous store's requests (weights/dist_sign.py). It travels
+    only on the buffer's authenticated channel: never log or write out an announcement whole. `signer` (dist only):
+    the hex Ed25519 public key of the learner process, which signs its plans (public: a producer can check them,
+    not write them)."""
 
     version: int
     uri: str
     num_bytes: int
     key: str = ""
+    signer: str = ""
 
 
 class Assignments(_Msg):

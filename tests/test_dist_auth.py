@@ -6,6 +6,7 @@ real gloo groups.
 1. The rogue steals a member's request and writes its own plan at the member's key (its own group on the
    learner's store, with its tensors; or a plan announcing 1 PiB): the plan is refused, the member's re-sent request
    reaches the learner, and the member loads the learner's tensors, none of the rogue's.
+   A producer (it holds the secret) that does the same is refused too: only the learner signs plans.
 2. The rogue takes rank 0's place in the group a genuine plan names and broadcasts other bytes: refused by the
    plan's digests, nothing reaches the model.
 3. The rogue registers 3,000 members: all refused and counted; the honest member's group forms without them.
@@ -39,7 +40,15 @@ from pipeline.weights.dist_group import open_group
 from pipeline.weights.dist_loader import DistLoader
 from pipeline.weights.dist_plan import LEARNER, REQUESTS, Plan, Request, digest, group_prefix, layout, pack, plan_key
 from pipeline.weights.dist_receive import receive
-from pipeline.weights.dist_sign import new_secret, seal
+from pipeline.weights.dist_sign import (
+    new_secret,
+    new_signing_key,
+    open_signed,
+    public_hex,
+    seal,
+    sign,
+    verifier_from_hex,
+)
 from pipeline.weights.uris import dist_uri
 
 # dist_timeout_s: far above what a step takes here, so that a loaded machine (CI: two workers starting vLLM engines)
@@ -89,19 +98,24 @@ def rogue_rank0(port: int, prefix: str, data: list[torch.Tensor], outcome: list)
         outcome.append(f"{type(exc).__name__}")
 
 
-def forged_value(key: str, payload: bytes) -> bytes:
-    """A value in the sealed format with a MAC made without the secret."""
-    return seal(b"\0" * 32, key, payload)
+# how a forger writes its plan: a client of the store alone (a MAC without the secret), a producer (it holds the
+# secret, not the learner's signing key: the learner's seal format, or a signature with a key of its own)
+FORGERS = {
+    "a store client": lambda pub, key, payload: seal(b"\0" * 32, key, payload),
+    "a producer, sealed": lambda pub, key, payload: seal(pub.secret, key, payload),
+    "a producer, signed": lambda pub, key, payload: sign(new_signing_key(), key, payload),
+}
 
 
-def steal_and_forge(port: int, forge, outcome: list, stolen: threading.Event) -> None:
-    """Pop the next request (before the learner reads it) and answer it with `forge(member, seq)`; set `stolen`."""
+def steal_and_forge(port: int, forge, outcome: list, stolen: threading.Event, seal_as) -> None:
+    """Pop the next request (before the learner reads it) and answer it with `forge(req)` written by `seal_as(key,
+    payload)`; set `stolen`."""
     try:
         store = rogue_store(port)
         raw = store.queue_pop(REQUESTS, block=True)
         req = Request.decode(raw.split(b" ", 2)[2])  # the payload is readable: only its seal is secret
         key = plan_key(req.member, req.seq)
-        store.set(key, forged_value(key, forge(req)))
+        store.set(key, seal_as(key, forge(req)))
         outcome.append(req)
     finally:
         stolen.set()
@@ -129,8 +143,11 @@ def _rogue_plan(pub: DistPublisher, req: Request, buckets, data) -> bytes:
                 [digest(b) for b in data]).encode()
 
 
-@pytest.mark.parametrize("attack", ["its own tensors", "a size of 1 PiB"])
-def test_a_stolen_request_answered_with_a_forged_plan_is_refused_and_the_learner_serves(cfg, pool, caplog, attack):
+@pytest.mark.parametrize("forger, attack", [
+    ("a store client", "its own tensors"), ("a store client", "a size of 1 PiB"),
+    ("a producer, sealed", "its own tensors"), ("a producer, signed", "its own tensors")])
+def test_a_stolen_request_answered_with_a_forged_plan_is_refused_and_the_learner_serves(cfg, pool, caplog, forger,
+                                                                                       attack):
     caplog.set_level(logging.DEBUG)
     pub = DistPublisher(cfg.weights)
     try:
@@ -141,7 +158,8 @@ def test_a_stolen_request_answered_with_a_forged_plan_is_refused_and_the_learner
             buckets[0].nbytes = 1 << 50
         stolen, sent = [], []
         done = threading.Event()
-        thief = pool.submit(steal_and_forge, pub.port, lambda req: _rogue_plan(pub, req, buckets, data), stolen, done)
+        thief = pool.submit(steal_and_forge, pub.port, lambda req: _rogue_plan(pub, req, buckets, data), stolen, done,
+                            lambda key, payload: FORGERS[forger](pub, key, payload))
         rank0 = pool.submit(rogue_rank0, pub.port, group_prefix("rogue", 1), data, sent)
         state = honest_state()
         with thief_pops_first(pub, done):
@@ -168,12 +186,13 @@ def _assert_secret_kept(pub: DistPublisher, caplog) -> None:
 
 def test_a_rogue_rank0_in_the_planned_group_cannot_put_its_bytes_into_the_model(cfg, pool):
     """The group's rendezvous lies in the store, so a rogue can race rank 0 for it; here it has won: the member
-    joins the rogue's rank 0 for a genuine sealed plan (the test plays the learner's answer)."""
+    joins the rogue's rank 0 for a genuine signed plan (the test plays the learner's answer)."""
     secret, learner = b"k" * 32, TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    learner.set(LEARNER, seal(secret, LEARNER, b"s"))
+    signing = new_signing_key()
+    learner.set(LEARNER, sign(signing, LEARNER, b"s"))
     state, evil = honest_state(), honest_state(-3.0)
     buckets = layout(state, 1 << 20)
-    ann = P.WeightAnnouncement(1, dist_uri("127.0.0.1", learner.port, 1), 0, secret.hex())
+    ann = P.WeightAnnouncement(1, dist_uri("127.0.0.1", learner.port, 1), 0, secret.hex(), public_hex(signing))
     loader = new_loader(cfg)
     loading = pool.submit(member_load, cfg, ann, loader)
     raw = learner.queue_pop(REQUESTS, block=True)
@@ -183,7 +202,7 @@ def test_a_rogue_rank0_in_the_planned_group_cannot_put_its_bytes_into_the_model(
                    [digest(b) for b in pack(state, buckets)])
     sent: list = []
     rank0 = pool.submit(rogue_rank0, learner.port, group_prefix("s", 1), pack(evil, buckets), sent)
-    learner.set(key, seal(secret, key, genuine.encode()))
+    learner.set(key, sign(signing, key, genuine.encode()))
     with pytest.raises(RuntimeError, match="does not match the plan's SHA-256"):
         loading.result(timeout=20)
     rank0.result(timeout=10)
@@ -197,7 +216,7 @@ def test_rogue_registrations_are_refused_and_the_group_forms_for_the_honest_memb
         store, n = rogue_store(pub.port), 3000
         for i in range(n):  # before the honest member asks: the rogue's requests come first in the queue
             req = Request(f"rogue{i}", 1, 1, 1).encode()
-            store.queue_push(REQUESTS, forged_value(REQUESTS, req) if i % 2 else req)
+            store.queue_push(REQUESTS, seal(b"\0" * 32, REQUESTS, req) if i % 2 else req)
         state = honest_state()
         t0 = time.monotonic()
         model = member_load(cfg, pub.publish(state, 1))
@@ -271,7 +290,7 @@ def test_the_key_of_another_learner_process_fails_at_once(cfg):
     pub = DistPublisher(cfg.weights)
     try:
         ann = pub.publish(honest_state(), 1)
-        stale = P.WeightAnnouncement(1, ann.uri, ann.num_bytes, new_secret().hex())
+        stale = P.WeightAnnouncement(1, ann.uri, ann.num_bytes, new_secret().hex(), public_hex(new_signing_key()))
         t0 = time.monotonic()
         with pytest.raises(RuntimeError, match="not the process that made this weight announcement"):
             member_load(cfg, stale)
@@ -302,3 +321,27 @@ def test_a_loader_refuses_an_announcement_without_a_key(cfg):
     with pytest.raises(ValueError, match="carries no valid key"):
         member_load(cfg, ann)
 
+
+
+def test_an_announcement_without_the_learners_public_key_is_refused(cfg):
+    ann = P.WeightAnnouncement(1, dist_uri("127.0.0.1", 1, 1), 0, new_secret().hex())
+    with pytest.raises(ValueError, match="carries no valid signer"):
+        member_load(cfg, ann)
+
+
+def test_a_signed_value_opens_only_with_its_key_at_its_store_key_and_unchanged():
+    learner, other = new_signing_key(), new_signing_key()
+    verifier = verifier_from_hex(public_hex(learner))
+    value = sign(learner, "ra/plan/m/1", b"payload")
+    assert open_signed(verifier, "ra/plan/m/1", value) == b"payload"
+    for key, raw, why in [("ra/plan/m/2", value, "bad signature"),  # moved to another key
+                          ("ra/plan/m/1", value[:-1] + b"P", "bad signature"),  # payload changed
+                          ("ra/plan/m/1", sign(other, "ra/plan/m/1", b"payload"), "bad signature"),
+                          ("ra/plan/m/1", seal(new_secret(), "ra/plan/m/1", b"payload"), "not signed"),
+                          ("ra/plan/m/1", b"rs1 " + b"zz" * 64 + b" payload", "bad signature"),
+                          ("ra/plan/m/1", b"", "not signed")]:
+        with pytest.raises(ValueError, match=why):
+            open_signed(verifier, key, raw)
+    for bad in ("", "00" * 31, "xy" * 32):
+        with pytest.raises(ValueError, match="carries no valid signer"):
+            verifier_from_hex(bad)

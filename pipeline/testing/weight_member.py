@@ -74,16 +74,16 @@ class FakeEngine:
 
 def request_line(ann: P.WeightAnnouncement) -> str:
     """The stdin line that asks a member to load `ann` (its key goes on stdin, never on a command line)."""
-    return f"{ann.uri} {ann.key}\n"
+    return f"{ann.uri} {ann.key} {ann.signer}\n"
 
 
 async def serve(loader: DistLoader, engine: FakeEngine, timing: bool) -> None:
     for line in sys.stdin:
-        uri, _, key = line.strip().partition(" ")
+        uri, key, signer = ([*line.split(), "", "", ""])[:3]
         if not uri:
             continue
         try:
-            await loader.load(P.WeightAnnouncement(parse_dist_uri(uri)[2], uri, 0, key))
+            await loader.load(P.WeightAnnouncement(parse_dist_uri(uri)[2], uri, 0, key, signer))
             if timing:
                 print(json.dumps({"ok": True, "version": engine.version, "done": time.time()}), flush=True)
                 continue

@@ -19,14 +19,17 @@ Failure: a broadcast or group formation that fails (a member died: connection re
 the next request. The learner's training loop never waits on a producer: at most the newest version and the one
 being sent are held in memory.
 
-Trust (dist_sign.py): every request and plan in the store is sealed with this process's secret, which reaches the
-producers only inside the announcement, through the buffer's authenticated channel. The thread ignores requests
-whose seal does not open (`weight_requests_refused`), so a client of the store alone can neither join a group nor
-make one wait for members that never come; a plan names each bucket's SHA-256, so nothing but this version's bytes
-reaches an engine. Membership is bounded: at most `max_members` producers per round (those served lately first;
-the rest are told the group is full, `weight_members_refused`), requests a round reads at most MAX_POPS. A store
-client can still pop, delete or flood what the store holds (a denial of service: a producer re-sends its request
-while it waits, dist_loader.py), and whoever holds the secret, i.e. every producer, can do all a member can.
+Trust (dist_sign.py): every request in the store is sealed with this process's secret, which reaches the producers
+only inside the announcement, through the buffer's authenticated channel; every plan (and the marker) is signed with
+this process's Ed25519 key, whose public half the announcement carries. The thread ignores requests whose seal does
+not open (`weight_requests_refused`), so a client of the store alone can neither join a group nor make one wait for
+members that never come; a plan names each bucket's SHA-256 and only the learner can sign one, so nothing but this
+version's bytes reaches an engine, whoever joins the group, a producer included. Membership is bounded: at most
+`max_members` producers per round (those served lately first; the rest are told the group is full,
+`weight_members_refused`), requests a round reads at most MAX_POPS. A store client can still pop, delete or flood
+what the store holds (a denial of service: a producer re-sends its request while it waits, dist_loader.py), and
+whoever holds the secret, i.e. every producer, can do all a member can (ask, join, take up a place in a round), but
+not write a plan.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ from pipeline.weights.dist_plan import (
     pack,
     plan_key,
 )
-from pipeline.weights.dist_sign import new_secret, open_sealed, seal
+from pipeline.weights.dist_sign import new_secret, new_signing_key, open_sealed, public_hex, sign
 from pipeline.weights.uris import dist_uri
 
 log = logging.getLogger(__name__)
@@ -104,6 +107,7 @@ class DistPublisher:
         self.device = device if self.backend == "nccl" else None
         self.session = secrets.token_hex(4)  # tells this process's groups from those of a learner before a restart
         self.secret = new_secret()  # only ever in announcements: never in the store, a log or a metric
+        self.signing_key = new_signing_key()  # never leaves this process: its public half is in announcements
         self.max_members = max_members
         # bind the store to dist_host only (TCPStore itself would listen on every interface)
         try:
@@ -158,7 +162,7 @@ class DistPublisher:
             self.counts["weight_publishes"] += 1
             self.gauges["weight_bytes"] = float(staged.num_bytes)
         return P.WeightAnnouncement(version, dist_uri(self.host, self.port, version), staged.num_bytes,
-                                    self.secret.hex())
+                                    self.secret.hex(), public_hex(self.signing_key))
 
     def stats(self) -> dict[str, float]:
         with self._lock:
@@ -193,10 +197,10 @@ class DistPublisher:
                 self._closed.wait(1.0)
 
     def _mark(self) -> None:
-        """(Re)write the sealed LEARNER marker, at most every MARK_S: anyone may delete or overwrite it, and
+        """(Re)write the signed LEARNER marker, at most every MARK_S: anyone may delete or overwrite it, and
         without it every producer's load would fail at once."""
         if time.monotonic() - self._marked >= MARK_S:
-            self.store.set(LEARNER, seal(self.secret, LEARNER, self.session.encode()))
+            self.store.set(LEARNER, sign(self.signing_key, LEARNER, self.session.encode()))
             self._marked = time.monotonic()
 
     def _collect(self) -> None:
@@ -298,7 +302,7 @@ class DistPublisher:
 
     def _admit(self, latest: _Version) -> list[Request]:
         """This round's members, in name order: the waiting requests the learner can serve, at most max_members,
-        members served lately first, then the earliest to ask. The others are told why (sealed errors)."""
+        members served lately first, then the earliest to ask. The others are told why (signed errors)."""
         waiting = sorted(self._waiting.values(), key=lambda r: (r[0].member not in self._known, r[1], r[0].member))
         self._waiting.clear()
         admitted = []
@@ -315,7 +319,7 @@ class DistPublisher:
 
     def _answer(self, req: Request, payload: bytes) -> None:
         key = plan_key(req.member, req.seq)
-        self.store.set(key, seal(self.secret, key, payload))
+        self.store.set(key, sign(self.signing_key, key, payload))
         self._answered.pop(req.member, None)
         self._answered[req.member] = req.seq
         if len(self._answered) > ANSWERED_KEPT:

@@ -2,23 +2,24 @@
 layout of a version, and the plan a member receives for one broadcast. Pure data; no process group here.
 
 Store keys (all under `ra/`):
-    ra/learner                the learner process's session id (sealed): a member holding another process's key
+    ra/learner                the learner process's session id (signed): a member holding another process's key
                               (an announcement from before a learner restart) learns so at once
     ra/requests               queue: a member asks for the newest version (JSON `Request`, sealed)
     ra/plan/<member>/<seq>    the learner's answer to request <seq> of <member> (JSON `Plan`, or {"error": ...},
-                              sealed)
+                              signed)
     ra/group/<session>/<gen>/ prefix of the rendezvous of weight group <gen> of learner process <session>
 
-Sealed: with the run learner's secret (dist_sign.py); whoever reaches the store can read everything in it, so
-nothing here is secret, and a value is believed only once its seal opens. A decoded request or plan is also
-bounded field by field (a plan's sizes again by the receiver's own model, dist_receive.py), so even a sealed
-value cannot make a side allocate or wait without limit.
+Sealed (requests: the run learner's secret, which every producer holds) or signed (the learner's values: its Ed25519
+key, which no producer holds), dist_sign.py; whoever reaches the store can read everything in it, so nothing here is
+secret, and a value is believed only once its seal or signature checks out. A decoded request or plan is also
+bounded field by field (a plan's sizes again by the receiver's own model, dist_receive.py), so even a sealed value
+cannot make a side allocate or wait without limit.
 
 Buckets: a version's tensors, in the publisher's order, are packed into flat uint8 buffers of about `bucket_bytes`
 (a tensor larger than that travels alone); each entry starts at a multiple of ALIGN bytes so it can be viewed in
 its dtype in place. The layout and each bucket's SHA-256 travel in the plan, the bytes in the broadcast: a
 receiver hands a bucket's tensors to its model only once the bytes it received match the digest, so whoever joins
-or takes over the weight group without the secret cannot put a tensor of theirs into an engine.
+or takes over the weight group, a producer included, cannot put a tensor of theirs into an engine.
 """
 
 from __future__ import annotations
