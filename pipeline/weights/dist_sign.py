@@ -42,17 +42,22 @@ def new_secret() -> bytes:
     return secrets.token_bytes(SECRET_BYTES)
 
 
+def _announced(value: str, size: int, field: str) -> bytes:
+    """The `size` bytes that announcement field `field` holds in hex; ValueError if it holds none (or not ours)."""
+    try:
+        raw = bytes.fromhex(value)
+    except ValueError:
+        raw = b""
+    if len(raw) != size:
+        raise ValueError(f"the dist weight announcement carries no valid {field} (WeightAnnouncement.{field}): the "
+                         "learner predates signed weight plans, or the announcement was not the learner's; run the "
+                         "same version of reinforce-ada on the learner and the producers")
+    return raw
+
+
 def secret_from_hex(key: str) -> bytes:
     """The secret an announcement carries; ValueError if it carries none (or not one of ours)."""
-    try:
-        secret = bytes.fromhex(key)
-    except ValueError:
-        secret = b""
-    if len(secret) != SECRET_BYTES:
-        raise ValueError("the dist weight announcement carries no valid key (WeightAnnouncement.key): the learner "
-                         "predates signed weight plans, or the announcement was not the learner's; run the same "
-                         "version of reinforce-ada on the learner and the producers")
-    return secret
+    return _announced(key, SECRET_BYTES, "key")
 
 
 def _mac(secret: bytes, key: str, payload: bytes) -> bytes:
@@ -90,15 +95,7 @@ def public_hex(signing_key: Ed25519PrivateKey) -> str:
 
 def verifier_from_hex(signer: str) -> Ed25519PublicKey:
     """The learner's public key an announcement carries; ValueError if it carries none (or not one of ours)."""
-    try:
-        raw = bytes.fromhex(signer)
-    except ValueError:
-        raw = b""
-    if len(raw) != _PUBLIC_BYTES:
-        raise ValueError("the dist weight announcement carries no valid signer (WeightAnnouncement.signer): the "
-                         "learner predates signed weight plans, or the announcement was not the learner's; run the "
-                         "same version of reinforce-ada on the learner and the producers")
-    return Ed25519PublicKey.from_public_bytes(raw)
+    return Ed25519PublicKey.from_public_bytes(_announced(signer, _PUBLIC_BYTES, "signer"))
 
 
 def _signed_message(key: str, payload: bytes) -> bytes:
