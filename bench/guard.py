@@ -5,7 +5,9 @@
   process group) is re-parented to it and stays findable; SIGTERM and SIGHUP raise SystemExit, so `finally` blocks
   and context managers run. However `fn` ends (return, exception, signal), every descendant still alive is
   terminated, then killed after `GRACE_S`. A failure exits at once with a non-zero code (`os._exit`: no atexit hook
-  waits on an engine that is gone), and a clean-up that hangs is cut short by a watchdog after `GRACE_S`.
+  waits on an engine that is gone), and a clean-up that hangs is cut short by a watchdog after `GRACE_S`. A bench
+  started by `run` also stops (as on SIGTERM) when the process that ran it dies, however it died (SIGKILL
+  included: a killed test run or `make bench` leaves no bench running); one started from a shell does not (nohup).
 - `run(cmd, timeout_s)` runs one bench as a subprocess in its own process group (the way `bench.run_all` and
   `bench.throughput` run theirs), echoing and keeping its output. Past the time limit it sends SIGTERM (the bench's
   own clean-up), then SIGKILL to its group and to every process of its tree.
@@ -33,6 +35,8 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 GRACE_S = 10.0  # seconds a stopped bench, or a process of its tree, gets before SIGKILL
+PARENT_ENV = "REINFORCE_ADA_BENCH_RUNNER"  # set by `run`: the pid whose death stops the bench
+PARENT_POLL_S = 0.5
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -96,11 +100,35 @@ def _raise_exit(signum, _frame):
     raise SystemExit(128 + signum)
 
 
+def _watch_runner() -> None:
+    """When `run` started this process, SIGTERM it once that runner is gone (this process is re-parented then)."""
+    runner = os.environ.pop(PARENT_ENV, "")  # popped: a bench this one starts by other means is not watched
+    if not runner.isdigit() or int(runner) != os.getppid():
+        return
+
+    def watch() -> None:
+        while os.getppid() == int(runner):
+            time.sleep(PARENT_POLL_S)
+        try:
+            print(f"bench: the process that ran it (pid {runner}) is gone; stopping", file=sys.stderr, flush=True)
+        except OSError:
+            pass
+        # the runner read this process's output: with it gone, a write would raise BrokenPipeError in the middle
+        # of the clean-up, so the output goes nowhere from now on
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="runner-watch", daemon=True).start()
+
+
 def main(fn: Callable[[], int | None], grace_s: float = GRACE_S) -> None:
     """Run a bench's `main` so that it fails fast and leaves no process behind (see the module docstring)."""
     become_subreaper()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_exit)
+    _watch_runner()
     code: int = 1
     try:
         result = fn()
@@ -161,7 +189,8 @@ def run(cmd: list[str], timeout_s: float, *, cwd: Path = ROOT, echo: bool = True
     t0 = time.monotonic()
     ours_before = {p.pid for p in descendants(os.getpid())}
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())})
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
 
     def read() -> None:

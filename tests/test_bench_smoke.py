@@ -178,6 +178,42 @@ def test_run_stops_a_bench_that_ignores_sigterm_and_whose_child_holds_its_pipe()
     assert _alive([int(out.tail.split()[0])]) == []
 
 
+def test_a_bench_whose_runner_is_killed_stops_with_its_processes(tmp_path):
+    """SIGKILL the process that ran a bench through guard.run (a test run or `make bench` killed): the bench notices
+    that its runner is gone and stops itself and its children instead of running on unowned."""
+    bench = tmp_path / "bench_sleeps.py"
+    bench.write_text(textwrap.dedent("""
+        import os, subprocess, sys, time
+        from bench import guard
+
+        def main():
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+            print("PIDS", os.getpid(), child.pid, flush=True)
+            time.sleep(120)
+
+        guard.main(main)
+    """))
+    runner = subprocess.Popen(
+        [sys.executable, "-c", f"from bench import guard; guard.run([{sys.executable!r}, {str(bench)!r}], 120)"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        line = ""
+        while not line.startswith("PIDS"):
+            line = runner.stdout.readline()
+            assert line, "the runner ended before the bench started"
+        pids = [int(x) for x in line.split()[1:]]
+        runner.kill()
+        runner.wait()
+        end = time.monotonic() + 30
+        while _alive(pids) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert _alive(pids) == [], "the bench outlived the process that ran it"
+    finally:
+        runner.kill()
+        runner.wait()
+        runner.stdout.close()
+
+
 @pytest.mark.slow
 def test_a_bench_killed_mid_run_leaves_no_process(tmp_path, tiny_model_dir):
     """bench.pipeline (a buffer, scripted producers and the learner as processes), SIGTERMed once they run: it
