@@ -144,6 +144,9 @@ class WandbTracker:
 
     def close(self) -> None:
         self.run.finish()
+        # and wait for wandb's service to write it all: finish() can return while the records are still in the
+        # service's buffer (an offline run's file held only its header when read right after, on a loaded machine)
+        self.wandb.teardown()
 
 
 class TrackioTracker:

@@ -154,8 +154,9 @@ def unique_identity(name: str) -> str:
 # any outgoing connection may take it as its source port before the buffer binds it: "Address already in use" at
 # start-up, or worse, a client that connects before the buffer listens ends up connected to itself (TCP
 # self-connect: source port = destination port) and talks to itself for good, no refusal, no reply. Below the
-# range only an explicit bind can take a port.
-PORT_FLOOR = 10_000
+# range only an explicit bind can take a port. The floor leaves out Ray's default worker ports (10002-19999: a
+# Ray head refuses a --port among them, and Ray's workers may bind any of them later).
+PORT_FLOOR = 20_000
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 

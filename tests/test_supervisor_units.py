@@ -252,16 +252,16 @@ def test_free_ports_lie_below_the_ephemeral_range_and_skip_held_ones(tmp_path, m
 
     from pipeline import transport
 
-    (tmp_path / "range").write_text("30000\t60999\n")
+    (tmp_path / "range").write_text("31000\t60999\n")
     monkeypatch.setattr(transport, "EPHEMERAL_RANGE", tmp_path / "range")
     for _ in range(50):
         port = transport.free_port_pair()
-        assert transport.PORT_FLOOR <= port and port + 1 < 30000
+        assert transport.PORT_FLOOR <= port and port + 1 < 31000
     with socket.socket() as held:
         held.bind(("", transport.free_port()))
         taken = held.getsockname()[1]
         picks = iter([taken - transport.PORT_FLOOR - 1, taken - transport.PORT_FLOOR, 5])
         monkeypatch.setattr(secrets, "randbelow", lambda n: next(picks))
         assert transport.free_port_pair() == transport.PORT_FLOOR + 5  # taken - 1 .. taken, then taken: skipped
-    (tmp_path / "range").write_text("10001 60999\n")  # no room below the range: the kernel's choice
+    (tmp_path / "range").write_text(f"{transport.PORT_FLOOR + 1} 60999\n")  # no room below it: the kernel picks
     assert transport.free_port() > 0
