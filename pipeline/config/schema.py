@@ -316,7 +316,8 @@ class EndpointsConfig(Section):
                                           "keys")] = "127.0.0.1"
     router_port: Annotated[int, Meta(ge=0, le=65534, description=(
         "requests and results; versions, aborts and shutdown are broadcast on router_port + 1 (0 = let `train` "
-        "pick a free pair of ports)"))] = 5555
+        "pick a free pair of ports, below the kernel's ephemeral range; a port inside that range can be taken "
+        "by any outgoing connection before the buffer binds it)"))] = 5555
     keys_dir: Annotated[str, Meta(description="CurveZMQ keys made by `reinforce-ada keys` (needed for "
                                               "non-loopback hosts)")] = ""
 
