@@ -30,11 +30,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench.output import RESULTS, ROOT, write
 from bench.pipeline import timeline as tl
-from pipeline.testing.processes import buffer_command, scripted_command, start
+from pipeline.testing.processes import buffer_command, buffer_metrics, scripted_command, start
 from pipeline.transport import free_port_pair
 
 WARMUP = 2  # steps left out (engine/learner start-up)
@@ -85,6 +86,24 @@ def _producers(args, engine: str, run_dir: Path, port: int, model_dir: str) -> l
     return procs
 
 
+def _wait_for_producers(args, engine: str, port: int, procs: list[subprocess.Popen], run_dir: Path) -> None:
+    """Until every producer has asked the buffer for work (its engine is up), so that no measured step runs with
+    fewer producers than the arm has (a vLLM engine takes 20-60 s to start here, the learner less)."""
+    deadline = time.monotonic() + (900 if engine == "vllm" else 120)
+    names = ["buffer", *(f"p{i}" for i in range(args.producers))]
+    while time.monotonic() < deadline:
+        for name, proc in zip(names, procs):
+            if proc.poll() is not None:
+                log = run_dir / f"{name}.log"
+                tail = log.read_text()[-3000:] if log.is_file() else ""
+                raise RuntimeError(f"the {name} process exited with code {proc.returncode} before the run:\n{tail}")
+        m = buffer_metrics(port, 1.0)
+        if m is not None and len(m.get("producers") or {}) >= args.producers:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"{args.producers} producers did not reach the buffer in time")
+
+
 def _stop(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         p.terminate()
@@ -118,6 +137,7 @@ def run_arm(args, engine: str, model_dir: str, arm) -> dict:
         procs = [_buffer(args, engine, run_dir, port, arm, model_dir)]
         try:  # the buffer and producers stop however this ends
             procs += _producers(args, engine, run_dir, port, model_dir)
+            _wait_for_producers(args, engine, port, procs, run_dir)
             with tl.CpuSampler() as cpu:
                 rows = _learner_rows(args, engine, model_dir, 0 if arm == "reference" else arm, port, run_dir)
         finally:
