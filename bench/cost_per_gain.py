@@ -61,9 +61,15 @@ def arms(results: Path) -> list[dict]:
     peer = json.loads((results / "peer_trl.json").read_text())
     matched = json.loads((results / "peer_grpo" / "peer_trl.json").read_text())
     return [*e2e_arms(json.loads((results / "e2e.json").read_text())),
-            *peer_arms(peer, f"SmolLM2-135M, {peer['steps']} steps, seeds {_seeds(peer)}", ", optimizer not matched"),
+            *peer_arms(peer, f"SmolLM2-135M, {peer['steps']} steps, seeds {_seeds(peer)}", _optimizer_note(peer)),
             *peer_arms(matched, f"SmolLM2-135M, {matched['steps']} steps, seeds {_seeds(matched)}",
-                       ", optimizer matched")]
+                       _optimizer_note(matched))]
+
+
+def _optimizer_note(doc: dict) -> str:
+    """Whether TRL trained with the learner's optimizer in these runs (bench.peer_trl records it per TRL run)."""
+    trl = [r for runs in doc["runs"].values() for arm, r in runs.items() if arm == "trl-grpo" and r.get("steps")]
+    return ", optimizer matched" if trl and all("optimizer" in r for r in trl) else ", optimizer not matched"
 
 
 def _seeds(doc: dict) -> str:

@@ -287,6 +287,12 @@ def at_seconds(curve: list[dict], seconds: float) -> dict | None:
     return done[-1] if done else None
 
 
+def _reach(x: float | None) -> str:
+    """A time to TRL's final accuracy as the tables show it (0: the arm's start was already there, e.g. when TRL's
+    final accuracy lies below the common start)."""
+    return "not reached" if x is None else "at its start" if x == 0 else f"{x:.2f}"
+
+
 def reached_trl_final(ours: dict, trl: dict) -> float | None:
     """When an arm's curve first reached TRL's final accuracy, as a share of TRL's train seconds (None: never)."""
     hit = [c["seconds"] for c in ours["curve"] if c["accuracy"] >= trl["final_accuracy"]]
@@ -381,8 +387,7 @@ def table(doc: dict) -> list[str]:
         r = s[arm]
         vs = (f"{r['vs_trl_at_trl_seconds']:+.3f} ({r['vs_trl_at_trl_seconds'] - r['vs_trl_ci95']:+.3f}, "
               f"{r['vs_trl_at_trl_seconds'] + r['vs_trl_ci95']:+.3f})") if "vs_trl_at_trl_seconds" in r else ""
-        reach = ", ".join("not reached" if x is None else f"{x:.2f}" for x in r.get("time_to_trl_final_over_trl_time",
-                                                                                  []))
+        reach = ", ".join(_reach(x) for x in r.get("time_to_trl_final_over_trl_time", []))
         lines.append(f"| {LABELS[arm]} | {r['seeds']} | {r['start_accuracy']:.3f} -> {r['final_accuracy']:.3f} | "
                      f"{r['gain']:+.3f} (+-{r['gain_ci95']:.3f}) | "
                      f"{', '.join(f'{g:+.3f}' for g in r.get('seed_gains', []))} | {r['wall_s']:.0f} | "
@@ -410,7 +415,7 @@ def parity_table(doc: dict, arm: str = "grpo") -> list[str]:
                     f"({c_t[-1]['accuracy'] - c_t[0]['accuracy']:+.3f}) | {c_o[0]['accuracy']:.3f} -> "
                     f"{c_o[-1]['accuracy']:.3f} ({c_o[-1]['accuracy'] - c_o[0]['accuracy']:+.3f}) | "
                     f"{d:+.3f} ({d - ci:+.3f}, {d + ci:+.3f}) | {t_trl:.0f} | {c_o[-1]['seconds']:.0f} | "
-                    f"{'not reached' if reach is None else 'at its start' if reach == 0 else f'{reach:.2f}'} |")
+                    f"{_reach(reach)} |")
     if not rows:
         return []
     d, ci = paired(ours_all, trl_all)
