@@ -60,21 +60,37 @@ def secret_from_hex(key: str) -> bytes:
     return _announced(key, SECRET_BYTES, "key")
 
 
+def _message(fmt: bytes, key: str, payload: bytes) -> bytes:
+    """What a MAC or signature covers: the format, the store key and the payload."""
+    return fmt + b"\n" + key.encode() + b"\n" + payload
+
+
+def _value(fmt: bytes, tag: bytes, payload: bytes) -> bytes:
+    return fmt + b" " + tag + b" " + payload
+
+
+def _split(raw: bytes, fmt: bytes, tag_hex: int) -> tuple[bytes, bytes] | None:
+    """(tag, payload) of a value in format `fmt` whose tag has `tag_hex` characters; None for any other value."""
+    got, tag, payload = ([*raw.split(b" ", 2), b"", b""])[:3]
+    return (tag, payload) if got == fmt and len(tag) == tag_hex else None
+
+
 def _mac(secret: bytes, key: str, payload: bytes) -> bytes:
-    return hmac.new(secret, FORMAT + b"\n" + key.encode() + b"\n" + payload, hashlib.sha256).hexdigest().encode()
+    return hmac.new(secret, _message(FORMAT, key, payload), hashlib.sha256).hexdigest().encode()
 
 
 def seal(secret: bytes, key: str, payload: bytes) -> bytes:
     """`payload` as the value of store key `key`, with its MAC."""
-    return FORMAT + b" " + _mac(secret, key, payload) + b" " + payload
+    return _value(FORMAT, _mac(secret, key, payload), payload)
 
 
 def open_sealed(secret: bytes, key: str, raw: bytes) -> bytes:
     """The payload of `raw`, read at store key `key`; ValueError if it is not sealed with `secret` for `key`."""
-    fmt, mac, payload = ([*raw.split(b" ", 2), b"", b""])[:3]
-    if fmt != FORMAT or len(mac) != _MAC_HEX:
+    parts = _split(raw, FORMAT, _MAC_HEX)
+    if parts is None:
         raise ValueError(f"store value at {key!r} is not sealed (format {FORMAT.decode()}); someone other than "
                          "the learner or a producer of this run wrote it")
+    mac, payload = parts
     if not hmac.compare_digest(mac, _mac(secret, key, payload)):
         raise ValueError(f"store value at {key!r} has a bad signature; it was not written by the learner or a "
                          "producer of this run (or it belongs to another key or learner process)")
@@ -98,23 +114,20 @@ def verifier_from_hex(signer: str) -> Ed25519PublicKey:
     return Ed25519PublicKey.from_public_bytes(_announced(signer, _PUBLIC_BYTES, "signer"))
 
 
-def _signed_message(key: str, payload: bytes) -> bytes:
-    return SIGNED + b"\n" + key.encode() + b"\n" + payload
-
-
 def sign(signing_key: Ed25519PrivateKey, key: str, payload: bytes) -> bytes:
     """`payload` as the value of store key `key`, signed by the learner."""
-    return SIGNED + b" " + signing_key.sign(_signed_message(key, payload)).hex().encode() + b" " + payload
+    return _value(SIGNED, signing_key.sign(_message(SIGNED, key, payload)).hex().encode(), payload)
 
 
 def open_signed(verifier: Ed25519PublicKey, key: str, raw: bytes) -> bytes:
     """The payload of `raw`, read at store key `key`; ValueError unless the learner signed it for `key`."""
-    fmt, sig, payload = ([*raw.split(b" ", 2), b"", b""])[:3]
-    if fmt != SIGNED or len(sig) != _SIG_HEX:
+    parts = _split(raw, SIGNED, _SIG_HEX)
+    if parts is None:
         raise ValueError(f"store value at {key!r} is not signed (format {SIGNED.decode()}); someone other than "
                          "the learner wrote it")
+    sig, payload = parts
     try:
-        verifier.verify(bytes.fromhex(sig.decode("ascii")), _signed_message(key, payload))
+        verifier.verify(bytes.fromhex(sig.decode("ascii")), _message(SIGNED, key, payload))
     except (InvalidSignature, ValueError, UnicodeDecodeError):
         raise ValueError(f"store value at {key!r} has a bad signature; the learner that made this announcement "
                          "did not write it (a producer or a store client did, or it belongs to another key)") from None
