@@ -68,7 +68,9 @@ def arms(results: Path) -> list[dict]:
 
 def _optimizer_note(doc: dict) -> str:
     """Whether TRL trained with the learner's optimizer in these runs (bench.peer_trl records it per TRL run)."""
-    trl = [r for runs in doc["runs"].values() for arm, r in runs.items() if arm == "trl-grpo" and r.get("steps")]
+    from bench.peer_trl import trl_runs  # imports TRL's side's dependencies: only when rendering
+
+    trl = trl_runs(doc)
     return ", optimizer matched" if trl and all("optimizer" in r for r in trl) else ", optimizer not matched"
 
 

@@ -287,6 +287,11 @@ def at_seconds(curve: list[dict], seconds: float) -> dict | None:
     return done[-1] if done else None
 
 
+def trl_runs(doc: dict) -> list[dict]:
+    """The TRL arm's finished runs in a peer_trl.json (each records the optimizer it was handed, when it was)."""
+    return [r for runs in doc["runs"].values() for arm, r in runs.items() if arm == "trl-grpo" and r.get("steps")]
+
+
 def _reach(x: float | None) -> str:
     """A time to TRL's final accuracy as the tables show it (0: the arm's start was already there, e.g. when TRL's
     final accuracy lies below the common start)."""
@@ -443,8 +448,7 @@ def write_report(doc: dict, out: Path) -> None:
     lines += ["", f"vs TRL at TRL's time: the arm's last evaluated version (every {doc['every']} steps) at or before "
               "TRL's final second, paired per problem with TRL's final version; an arm slower per step is compared "
               "with an earlier version than its last."]
-    trl_runs = [r for runs in doc["runs"].values() for arm, r in runs.items() if arm == "trl-grpo" and r.get("steps")]
-    if any("optimizer" not in r for r in trl_runs):
+    if any("optimizer" not in r for r in trl_runs(doc)):
         lines += ["", "TRL ran with its own AdamW and `constant_with_warmup` schedule in this run (first step at lr 0, "
                   "no weight decay on biases and norms); later runs hand it the learner's (`our_optimizer`)."]
     partial = any(not s[a].get("startup_whole", True) for a in s)
