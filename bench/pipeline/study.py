@@ -30,12 +30,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from bench.output import RESULTS, ROOT, write
 from bench.pipeline import timeline as tl
-from pipeline.testing.processes import buffer_command, buffer_metrics, scripted_command, start
+from pipeline.testing.processes import buffer_command, scripted_command, start, wait_for_buffer
 from pipeline.transport import free_port_pair
 
 WARMUP = 2  # steps left out (engine/learner start-up)
@@ -89,19 +88,27 @@ def _producers(args, engine: str, run_dir: Path, port: int, model_dir: str) -> l
 def _wait_for_producers(args, engine: str, port: int, procs: list[subprocess.Popen], run_dir: Path) -> None:
     """Until every producer has asked the buffer for work (its engine is up), so that no measured step runs with
     fewer producers than the arm has (a vLLM engine takes 20-60 s to start here, the learner less)."""
-    deadline = time.monotonic() + (900 if engine == "vllm" else 120)
     names = ["buffer", *(f"p{i}" for i in range(args.producers))]
-    while time.monotonic() < deadline:
-        for name, proc in zip(names, procs):
+
+    def exited(name: str, proc: subprocess.Popen) -> RuntimeError:
+        log = run_dir / f"{name}.log"
+        tail = log.read_text()[-3000:] if log.is_file() else ""
+        return RuntimeError(f"the {name} process exited with code {proc.returncode} before the run:\n{tail}")
+
+    def ready(m: dict) -> bool:
+        for name, proc in zip(names[1:], procs[1:]):
             if proc.poll() is not None:
-                log = run_dir / f"{name}.log"
-                tail = log.read_text()[-3000:] if log.is_file() else ""
-                raise RuntimeError(f"the {name} process exited with code {proc.returncode} before the run:\n{tail}")
-        m = buffer_metrics(port, 1.0)
-        if m is not None and len(m.get("producers") or {}) >= args.producers:
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"{args.producers} producers did not reach the buffer in time")
+                raise exited(name, proc)
+        return len(m.get("producers") or {}) >= args.producers
+
+    try:
+        wait_for_buffer(port, 900 if engine == "vllm" else 120, until=ready, proc=procs[0])
+    except RuntimeError:
+        if procs[0].poll() is None:  # a producer's exit, raised by ready()
+            raise
+        raise exited("buffer", procs[0]) from None
+    except TimeoutError:
+        raise TimeoutError(f"{args.producers} producers did not reach the buffer in time") from None
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
