@@ -180,11 +180,9 @@ def free_port(span: int = 1) -> int:
     """A TCP port P such that P .. P + span - 1 are free now on every interface, chosen at random below the
     kernel's ephemeral range (see PORT_FLOOR), so that only another explicit bind can take it before it is used.
     Falls back to one from the kernel (bind to port 0) where that range leaves no room below it."""
-    top = _ephemeral_start() - span
-    for _ in range(200):
-        if top <= PORT_FLOOR:
-            break
-        port = PORT_FLOOR + secrets.randbelow(top - PORT_FLOOR)  # not `random`: tests seed it alike in each process
+    room = _ephemeral_start() - span - PORT_FLOOR
+    for _ in range(200 if room > 0 else 0):
+        port = PORT_FLOOR + secrets.randbelow(room)  # not `random`: tests seed it alike in each process
         if all(_bindable(port + i) for i in range(span)):
             return port
     for _ in range(100):
